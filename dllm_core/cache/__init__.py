@@ -1,0 +1,15 @@
+"""Cache policies, selectable by name: ``make_cache("dllm:kp=50,kr=7,rho=0.25")``."""
+from ..options import parse_spec
+from .base import Canvas, CachePolicy, Counters
+from .dllm_cache import DLLMCache
+from .fast_dllm import DualCache, PrefixCache
+
+CACHES: dict[str, type[CachePolicy]] = {c.name: c for c in (CachePolicy, PrefixCache, DualCache, DLLMCache)}
+
+
+def make_cache(spec: "str | CachePolicy") -> CachePolicy:
+    """``name[:key=value,...]`` -> a fresh cache policy (none, prefix, dual, dllm)."""
+    return spec if isinstance(spec, CachePolicy) else parse_spec(spec, CACHES, "--cache")
+
+
+__all__ = ["CACHES", "CachePolicy", "Canvas", "Counters", "DLLMCache", "DualCache", "PrefixCache", "make_cache"]

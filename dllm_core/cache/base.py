@@ -1,0 +1,93 @@
+"""The cache-policy interface: how the decoding loop gets hidden states for one step.
+
+The engine (embedded or host adapter) calls, per request batch::
+
+    policy.begin(model, canvas)                     # allocate static buffers
+    h = policy.hidden(model, x, need, fresh)        # every step -> [B, need_hi - need_lo, d]
+    policy.end()                                    # release
+
+``need``  = (lo, hi): positions whose final hidden states the sampler's logits come from
+            (already shifted one left for Dream).
+``fresh`` = (lo, hi): positions the step is about (the block, or SlowFast's span); approximate
+            policies keep at least these exact and may reuse cached K/V / features elsewhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+import torch
+
+
+@dataclass
+class Canvas:
+    """Per-request-batch constants: positions, key mask and the prompt/response split."""
+
+    pos: torch.Tensor           # [B, T] RoPE positions (left padding aware)
+    mask: torch.Tensor | None   # [B, 1, 1, T] bool key mask (None: no padding)
+    prompt_len: int             # response (generation region) starts here
+    block_len: int
+
+    @property
+    def seq_len(self) -> int:
+        return self.pos.shape[1]
+
+
+@dataclass
+class Counters:
+    """Work accounting: layer evaluations of single positions, per request row."""
+
+    forwards: int = 0
+    token_layers: int = 0       # positions x layers actually run through the full layer
+    v_only: int = 0             # positions x layers that only ran the V projection (dLLM-Cache)
+    full_token_layers: int = 0  # what `none` would have run for the same forwards
+    cache_bytes: int = 0        # peak bytes held by the policy's buffers
+
+    def ratio(self) -> float:
+        """Work relative to recomputing every position at every step (1.0 = `none`)."""
+        return self.token_layers / max(self.full_token_layers, 1)
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """Base: the exact, uncached forward over the whole sequence (policy ``none``)."""
+
+    name: ClassVar[str] = "none"
+    counters: Counters = field(default_factory=Counters, init=False, compare=False, repr=False)
+
+    def begin(self, model, canvas: Canvas) -> None:
+        object.__setattr__(self, "counters", Counters())
+        object.__setattr__(self, "canvas", canvas)
+
+    def end(self) -> None:
+        """Drop every buffer; counters stay readable."""
+        for k in [k for k in vars(self) if k.startswith("_buf")]:
+            object.__delattr__(self, k)
+
+    def _count(self, model, positions: int) -> None:
+        c, n = self.counters, model.args.n_layers
+        c.forwards += 1
+        c.token_layers += positions * n
+        c.full_token_layers += self.canvas.seq_len * n
+
+    def hidden(self, model, x: torch.Tensor, need: tuple[int, int], fresh: tuple[int, int]) -> torch.Tensor:
+        cv = self.canvas
+        h, rope = model.embed(x), model.rope(cv.pos)
+        for layer in model.layers:
+            h = layer(h, rope, cv.mask)
+        self._count(model, cv.seq_len)
+        return h[:, need[0]:need[1]]
+
+
+def kv_buffers(model, batch: int, seq_len: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Static per-layer K/V buffers [B, Hkv, T, D]."""
+    a = model.args
+    shape = (batch, a.n_kv_heads, seq_len, a.head_dim)
+    return [(torch.zeros(shape, dtype=model.dtype, device=device), torch.zeros(shape, dtype=model.dtype, device=device))
+            for _ in range(a.n_layers)]
+
+
+def nbytes(obj) -> int:
+    if isinstance(obj, torch.Tensor):
+        return obj.nbytes
+    return sum(nbytes(o) for o in obj) if isinstance(obj, (list, tuple)) else 0

@@ -1,0 +1,121 @@
+"""Transformer pieces shared by LLaDA and Dream, split so a cache policy can drive one layer.
+
+A layer is exposed as four steps a cache policy composes::
+
+    q, k, v = layer.qkv(x, rope)          # x [B, n, d] -> q [B, H, n, D], k/v [B, Hkv, n, D]
+    attn    = layer.attend(q, K, V, mask) # K/V [B, Hkv, T, D] (fresh or cached) -> [B, n, d]
+    ffn     = layer.ffn(x + attn)         # -> [B, n, d]
+    out     = x + attn + ffn
+
+``layer.value(x)`` is the cheap V-only projection used by dLLM-Cache's V-verify.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .config import ModelArgs
+
+Rope = tuple[torch.Tensor, torch.Tensor]  # cos, sin: [B, n, D]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps).to(x.dtype) * self.weight
+
+
+class RotaryEmbedding(nn.Module):
+    """Non-interleaved (half-split) RoPE; cos/sin are built per call from position ids."""
+
+    def __init__(self, head_dim: int, theta: float):
+        super().__init__()
+        inv = 1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)
+        self.register_buffer("inv_freq", inv, persistent=False)
+
+    def forward(self, pos: torch.Tensor, dtype: torch.dtype) -> Rope:
+        ang = pos.float()[..., None] * self.inv_freq  # [B, n, D/2]
+        ang = torch.cat([ang, ang], -1)  # [B, n, D]
+        return ang.cos().to(dtype), ang.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, rope: Rope) -> torch.Tensor:
+    cos, sin = (t[:, None] for t in rope)  # [B, 1, n, D]
+    x1, x2 = x.chunk(2, -1)
+    return x * cos + torch.cat([-x2, x1], -1) * sin
+
+
+class Block(nn.Module):
+    """Pre-norm block: bidirectional SDPA attention + SwiGLU MLP."""
+
+    def __init__(self, a: ModelArgs):
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = a.n_heads, a.n_kv_heads, a.head_dim
+        self.attn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.q_proj = nn.Linear(a.dim, a.n_heads * a.head_dim, bias=a.qkv_bias)
+        self.k_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.v_proj = nn.Linear(a.dim, a.n_kv_heads * a.head_dim, bias=a.qkv_bias)
+        self.o_proj = nn.Linear(a.n_heads * a.head_dim, a.dim, bias=False)
+        self.ffn_norm = RMSNorm(a.dim, a.norm_eps)
+        self.gate_proj = nn.Linear(a.dim, a.ffn_dim, bias=False)
+        self.up_proj = nn.Linear(a.dim, a.ffn_dim, bias=False)
+        self.down_proj = nn.Linear(a.ffn_dim, a.dim, bias=False)
+
+    def _heads(self, t: torch.Tensor, n: int) -> torch.Tensor:
+        return t.unflatten(-1, (n, self.head_dim)).transpose(1, 2)  # [B, h, n, D]
+
+    def qkv(self, x: torch.Tensor, rope: Rope):
+        """x [B, n, d] -> q [B, H, n, D], k [B, Hkv, n, D], v [B, Hkv, n, D] (RoPE applied)."""
+        h = self.attn_norm(x)
+        q = apply_rope(self._heads(self.q_proj(h), self.n_heads), rope)
+        k = apply_rope(self._heads(self.k_proj(h), self.n_kv), rope)
+        return q, k, self._heads(self.v_proj(h), self.n_kv)
+
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """x [B, n, d] -> v [B, Hkv, n, D]."""
+        return self._heads(self.v_proj(self.attn_norm(x)), self.n_kv)
+
+    def attend(self, q, k, v, mask: torch.Tensor | None) -> torch.Tensor:
+        """Non-causal SDPA; mask [B, 1, 1|n, T] bool (True = may attend) -> [B, n, d]."""
+        o = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=self.n_kv != self.n_heads)
+        return self.o_proj(o.transpose(1, 2).flatten(2))
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        """SwiGLU on RMSNorm(h): [B, n, d] -> [B, n, d]."""
+        h = self.ffn_norm(h)
+        return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
+
+    def forward(self, x, rope: Rope, mask, kv=None, at=None) -> torch.Tensor:
+        """Run the layer on x [B, n, d]. With ``kv=(K, V)`` buffers [B, Hkv, T, D], the fresh
+        k/v are written at ``at`` (int offset or index tensor [B, n]) and q attends to the
+        whole buffers (cached entries elsewhere)."""
+        q, k, v = self.qkv(x, rope)
+        if kv is not None:
+            k, v = write_kv(kv[0], at, k), write_kv(kv[1], at, v)
+        a = self.attend(q, k, v, mask)
+        h = x + a
+        return h + self.ffn(h)
+
+
+def write_kv(buf: torch.Tensor, at, new: torch.Tensor) -> torch.Tensor:
+    """Write new [B, h, n, D] into buf [B, h, T, D] at offset ``at`` or per-row indices [B, n]."""
+    if isinstance(at, int):
+        buf[:, :, at:at + new.shape[2]] = new
+    else:
+        buf.scatter_(2, at[:, None, :, None].expand_as(new), new)
+    return buf
+
+
+def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+    """x [B, T, ...], idx [B, n] -> [B, n, ...]."""
+    return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(*idx.shape, *x.shape[2:]))
+
+
+def scatter_rows(x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
+    """In place: x[b, idx[b, j]] = src[b, j]."""
+    return x.scatter_(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(src), src)

@@ -1,0 +1,149 @@
+"""The sampler (transfer-rule) interface shared by the embedded engine and the host adapters.
+
+A sampler sees one block's window of logits and decides which masked positions to commit::
+
+    st = sampler.new_state(batch, block_len, steps_per_block, device)    # per request rows
+    sampler.begin_block(st)
+    while not sampler.block_done(st, masked):                            # masked [B, L]
+        lo, hi = sampler.focus(st, active)                               # window inside the block
+        x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)       # logits [B, W, V]
+
+All state lives in ``st`` (a dict of tensors, one row per request) so a host engine can keep it
+between scheduler rounds; the sampler object itself is immutable configuration.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+NEG = -math.inf
+CONFIDENCES = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy")
+
+
+@dataclass(frozen=True)
+class TokenContext:
+    """Per-generation constants a sampler needs besides the logits."""
+
+    mask_id: int
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    eos_id: int | None = None
+    eot_id: int | None = None
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    generator: torch.Generator | None = None
+
+
+def filter_logits(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
+    """Temperature, top-k and top-p (nucleus) filtering: [B, W, V] -> [B, W, V]."""
+    if tc.temperature > 0:
+        logits = logits / tc.temperature
+    if tc.top_k:
+        kth = logits.topk(min(tc.top_k, logits.shape[-1]), -1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, NEG)
+    if tc.top_p is not None and tc.top_p < 1:
+        srt, idx = logits.sort(-1, descending=True)
+        drop = srt.softmax(-1).cumsum(-1) - srt.softmax(-1) > tc.top_p  # keep the first token always
+        logits = logits.masked_fill(drop.scatter(-1, idx, drop), NEG)
+    return logits
+
+
+def propose(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
+    """Candidate token per position: argmax (greedy) or Gumbel-max in float64 (LLaDA's sampler,
+    an exact sample of softmax(logits / T)). [B, W, V] -> [B, W]."""
+    if tc.logits_eos_inf and tc.eos_id is not None:
+        logits = logits.clone()
+        logits[..., tc.eos_id] = NEG
+    if tc.temperature <= 0:
+        return logits.argmax(-1)
+    f = filter_logits(logits, tc).double()
+    u = torch.rand(f.shape, dtype=torch.float64, device=f.device, generator=tc.generator)
+    return (f.exp() / (-u.log())).argmax(-1)  # = argmax(f + Gumbel) since f already / T
+
+
+def confidence(kind: str, logits: torch.Tensor, x0: torch.Tensor, tc: TokenContext) -> torch.Tensor:
+    """Per-position score used to rank masked positions: [B, W, V], [B, W] -> [B, W] (float32)."""
+    if kind == "random":
+        c = torch.rand(x0.shape, device=x0.device, generator=tc.generator)
+    elif kind == "low_confidence":  # LLaDA: untempered probability of the proposal
+        c = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]
+    else:  # Dream: probabilities after temperature / top-p / top-k
+        p = filter_logits(logits, tc).softmax(-1)
+        if kind == "maskgit_plus":
+            c = p.gather(-1, x0[..., None])[..., 0]
+        elif kind == "topk_margin":
+            top2 = p.topk(2, -1).values
+            c = top2[..., 0] - top2[..., 1]
+        elif kind == "entropy":
+            c = (p * p.clamp_min(1e-30).log()).sum(-1)
+        else:
+            raise ValueError(f"confidence must be one of {list(CONFIDENCES)}, got {kind!r}")
+    if tc.confidence_eos_eot_inf:
+        for t in (tc.eos_id, tc.eot_id):
+            if t is not None:
+                c = c.masked_fill(x0 == t, NEG)
+    return c.float()
+
+
+def rank_desc(score: torch.Tensor) -> torch.Tensor:
+    """Rank of each entry in descending order along the last dim (0 = best; stable)."""
+    return score.argsort(dim=-1, descending=True, stable=True).argsort(dim=-1)
+
+
+def masked_score(conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
+    """Scores where every masked position (even one at -inf) ranks above every unmasked one."""
+    return conf.clamp_min(-3e38).masked_fill(~masked, NEG)
+
+
+def top_n(score: torch.Tensor, masked: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
+    """Commit mask of the n[b] highest-scoring masked positions of each row. n [B] -> [B, W]."""
+    return masked & (rank_desc(masked_score(score, masked)) < n[:, None])
+
+
+@dataclass(frozen=True)
+class Sampler:
+    """Base transfer rule. Subclasses implement ``select``; stateless ones keep ``new_state``."""
+
+    name: ClassVar[str] = "base"
+    fixed_steps: ClassVar[bool] = False  # True: every block runs exactly steps_per_block steps
+    confidence: str = "low_confidence"
+
+    def __post_init__(self):
+        if self.confidence not in CONFIDENCES:
+            raise ValueError(f"--sampler {self.name}.confidence must be one of {list(CONFIDENCES)}, "
+                             f"got {self.confidence!r}")
+
+    def new_state(self, batch: int, block_len: int, steps: int, device) -> dict:
+        return {"i": torch.zeros(batch, dtype=torch.long, device=device), "steps": steps, "L": block_len}
+
+    def begin_block(self, st: dict, masked: torch.Tensor) -> None:
+        """masked [B, L]: the block's mask positions at its first step."""
+        st["i"].zero_()
+        st["m0"] = masked.sum(-1)
+
+    def block_done(self, st: dict, masked: torch.Tensor) -> bool:
+        """Host-side loop condition (variable-step rules sync once per step here)."""
+        return not bool(masked.any())
+
+    def active(self, st: dict, masked: torch.Tensor) -> torch.Tensor:
+        """Rows that still take part in this block: [B] bool."""
+        return masked.any(-1)
+
+    def focus(self, st: dict, active: torch.Tensor) -> tuple[int, int]:
+        """Window [lo, hi) of the block whose logits the next step needs."""
+        return 0, st["L"]
+
+    def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
+        """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool)."""
+        x0 = propose(logits, tc)
+        masked = x == tc.mask_id
+        commit = self.select(confidence(self.confidence, logits, x0, tc), masked, st, lo)
+        st["i"] += 1
+        return x0, commit
+
+    def select(self, conf: torch.Tensor, masked: torch.Tensor, st: dict, lo: int) -> torch.Tensor:
+        raise NotImplementedError

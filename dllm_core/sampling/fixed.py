@@ -1,0 +1,121 @@
+"""Fixed-schedule transfer rules: LLaDA's low_confidence / random and Dream's diffusion_generate
+algorithms (origin, maskgit_plus, topk_margin, entropy)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Sampler, top_n
+from ..options import check_choice
+
+
+def llada_counts(m: torch.Tensor, steps: int) -> torch.Tensor:
+    """Tokens to transfer at each step: m // s each, the first m % s steps one more. [B] -> [B, s]."""
+    i = torch.arange(steps, device=m.device)
+    return m[:, None] // steps + (i < (m[:, None] % steps)).long()
+
+
+def dream_count(n_mask: torch.Tensor, i: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
+    """Dream: int(n_mask * (1 - s/t)) over timesteps linspace(1, eps, steps+1); all at the last."""
+    t = torch.linspace(1, eps, steps + 1, device=n_mask.device)
+    ratio = 1 - t[(i + 1).clamp_max(steps)] / t[i.clamp_max(steps - 1)]
+    n = (n_mask.double() * ratio.double()).long()
+    return torch.where(i >= steps - 1, n_mask, n)
+
+
+@dataclass(frozen=True)
+class FixedSchedule(Sampler):
+    """Commit a scheduled number of masked positions per step, the most confident first."""
+
+    fixed_steps: ClassVar[bool] = True
+    schedule: str = "llada"
+    eps: float = 1e-3
+    alg_temp: float = 0.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_choice(self.schedule, ("llada", "dream"), f"--sampler {self.name}.schedule")
+        if self.alg_temp < 0:
+            raise ValueError(f"--sampler {self.name}.alg_temp must be >= 0, got {self.alg_temp}")
+
+    def begin_block(self, st, masked):
+        super().begin_block(st, masked)
+        st["counts"] = llada_counts(st["m0"], st["steps"])
+
+    def block_done(self, st, masked):
+        return int(st["i"].max()) >= st["steps"]  # host copy of a tiny tensor; no logits sync
+
+    def active(self, st, masked):
+        return torch.ones_like(st["i"], dtype=torch.bool)
+
+    def n_transfer(self, st, masked) -> torch.Tensor:
+        if self.schedule == "llada":
+            return st["counts"].gather(1, st["i"][:, None].clamp_max(st["steps"] - 1))[:, 0]
+        return dream_count(masked.sum(-1), st["i"], st["steps"], self.eps)
+
+    def select(self, conf, masked, st, lo):
+        n = self.n_transfer(st, masked)
+        if self.alg_temp > 0:  # Dream: sample positions ~ softmax(conf / alg_temp) without replacement
+            g = -torch.empty_like(conf).exponential_().log()
+            conf = conf / self.alg_temp + g
+        return top_n(conf, masked, n)
+
+
+@dataclass(frozen=True)
+class LowConfidence(FixedSchedule):
+    """LLaDA baseline: commit the most probable proposals (``remasking=low_confidence``)."""
+
+    name: ClassVar[str] = "low_confidence"
+
+
+@dataclass(frozen=True)
+class RandomRemasking(FixedSchedule):
+    """LLaDA baseline with ``remasking=random``: positions chosen uniformly at random."""
+
+    name: ClassVar[str] = "random"
+    confidence: str = "random"
+
+
+@dataclass(frozen=True)
+class MaskGitPlus(FixedSchedule):
+    """Dream ``alg=maskgit_plus``: top-1 probability, Dream's timestep schedule."""
+
+    name: ClassVar[str] = "maskgit_plus"
+    confidence: str = "maskgit_plus"
+    schedule: str = "dream"
+
+
+@dataclass(frozen=True)
+class TopKMargin(FixedSchedule):
+    """Dream ``alg=topk_margin``: top-1 minus top-2 probability."""
+
+    name: ClassVar[str] = "topk_margin"
+    confidence: str = "topk_margin"
+    schedule: str = "dream"
+
+
+@dataclass(frozen=True)
+class Entropy(FixedSchedule):
+    """Dream ``alg=entropy``: negative entropy of the predictive distribution."""
+
+    name: ClassVar[str] = "entropy"
+    confidence: str = "entropy"
+    schedule: str = "dream"
+
+
+@dataclass(frozen=True)
+class Origin(FixedSchedule):
+    """Dream ``alg=origin``: each mask is revealed with probability 1 - s/t (all at the last step)."""
+
+    name: ClassVar[str] = "origin"
+    confidence: str = "random"
+    schedule: str = "dream"
+
+    def select(self, conf, masked, st, lo):
+        t = torch.linspace(1, self.eps, st["steps"] + 1, device=conf.device)
+        i = st["i"]
+        p = 1 - t[(i + 1).clamp_max(st["steps"])] / t[i.clamp_max(st["steps"] - 1)]
+        last = (i >= st["steps"] - 1)[:, None]
+        return masked & ((conf < p[:, None]) | last)

@@ -1,0 +1,58 @@
+"""Fast-dLLM confidence-aware parallel decoding: the threshold and factor rules (variable steps)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from .base import Sampler, masked_score, rank_desc
+from ..options import check_range
+
+
+def threshold_commit(conf: torch.Tensor, masked: torch.Tensor, tau: float) -> torch.Tensor:
+    """Every masked position with conf >= tau, and always the most confident one. [B, W] -> [B, W]."""
+    c = masked_score(conf, masked)
+    return masked & ((c >= tau) | (rank_desc(c) == 0))
+
+
+def factor_commit(conf: torch.Tensor, masked: torch.Tensor, f: float) -> torch.Tensor:
+    """Largest n with (n + 1)(1 - c_(n)) < f over the sorted confidences; at least one."""
+    c = masked_score(conf, masked)
+    srt = c.sort(-1, descending=True).values  # [B, W]
+    n = torch.arange(1, c.shape[-1] + 1, device=c.device)
+    ok = (n + 1) * (1 - srt) < f
+    ok[:, 0] = True
+    count = ok.long().cumprod(-1).sum(-1)  # [B]
+    return masked & (rank_desc(c) < count[:, None])
+
+
+@dataclass(frozen=True)
+class Threshold(Sampler):
+    """Commit masked tokens whose confidence >= tau (at least the top-1); block ends with no masks."""
+
+    name: ClassVar[str] = "threshold"
+    tau: float = 0.9
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_range(self.tau, 0.0, 1.0, "--sampler threshold.tau")
+
+    def select(self, conf, masked, st, lo):
+        return threshold_commit(conf, masked, self.tau)
+
+
+@dataclass(frozen=True)
+class Factor(Sampler):
+    """Fast-dLLM factor rule with factor f (default 1.0)."""
+
+    name: ClassVar[str] = "factor"
+    f: float = 1.0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not self.f > 0:
+            raise ValueError(f"--sampler factor.f must be > 0, got {self.f}")
+
+    def select(self, conf, masked, st, lo):
+        return factor_commit(conf, masked, self.f)

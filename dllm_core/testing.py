@@ -1,0 +1,99 @@
+"""Tiny, locally built LLaDA / Dream checkpoints with the real key names and config fields.
+
+Nothing here downloads anything: the tokenizer is a byte-level BPE trained on a few lines.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+
+from .models import DreamModel, LLaDAModelLM, save_model
+
+LLADA_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>",
+                  "<|eot_id|>", "<|mdm_mask|>"]
+DREAM_SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|mask|>"]
+LLADA_CHAT = ("{{ bos_token }}{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n"
+              "{{ m['content'] }}<|eot_id|>{% endfor %}{% if add_generation_prompt %}"
+              "<|start_header_id|>assistant<|end_header_id|>\n\n{% endif %}")
+DREAM_CHAT = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+CORPUS = ["The quick brown fox jumps over the lazy dog.", "What is 12 plus 30? The answer is 42.",
+          "Sort the list: 5 3 9 1 -> 1 3 5 9.", "Hello world! Diffusion models denoise masked tokens."]
+
+
+def build_tokenizer(out_dir: str | Path, flavor: str = "llada", corpus: list[str] | None = None,
+                    vocab_size: int = 320, extra_specials: list[str] = ()) -> dict[str, int]:
+    """Train a byte-level BPE, write tokenizer.json + tokenizer_config.json; return special ids."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    specials = (LLADA_SPECIALS if flavor == "llada" else DREAM_SPECIALS) + list(extra_specials)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator(corpus or CORPUS, trainer)
+    d = Path(out_dir)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    ids = {s: tok.token_to_id(s) for s in specials}
+    if flavor == "llada":
+        cfg = {"bos_token": "<|startoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "mask_token": "<|mdm_mask|>", "chat_template": LLADA_CHAT}
+    else:
+        cfg = {"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+               "mask_token": "<|mask|>", "chat_template": DREAM_CHAT}
+    cfg.update(tokenizer_class="PreTrainedTokenizerFast", model_max_length=4096)
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg, indent=2))
+    ids["vocab_size"] = tok.get_vocab_size()
+    return ids
+
+
+def llada_config(ids: dict, dim=64, n_layers=2, n_heads=4, n_kv_heads=None, ffn=128, max_len=1024) -> dict:
+    v = -(-ids["vocab_size"] // 64) * 64
+    return {"architectures": ["LLaDAModelLM"], "model_type": "llada", "auto_map": {}, "d_model": dim,
+            "n_layers": n_layers, "n_heads": n_heads, "n_kv_heads": n_kv_heads or n_heads,
+            "mlp_hidden_size": ffn, "mlp_ratio": ffn // dim, "vocab_size": v, "embedding_size": v,
+            "max_sequence_length": max_len, "rope": True, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+            "layer_norm_type": "rms", "activation_type": "silu", "block_type": "llama",
+            "weight_tying": False, "include_bias": False, "alibi": False, "scale_logits": False,
+            "mask_token_id": ids["<|mdm_mask|>"], "eos_token_id": ids["<|endoftext|>"],
+            "pad_token_id": ids["<|endoftext|>"], "bos_token_id": ids["<|startoftext|>"], "torch_dtype": "float32"}
+
+
+def dream_config(ids: dict, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn=128, max_len=1024) -> dict:
+    v = -(-ids["vocab_size"] // 64) * 64
+    eos = ids["<|endoftext|>"]
+    return {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": dim,
+            "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads,
+            "intermediate_size": ffn, "vocab_size": v, "max_position_embeddings": max_len,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "hidden_act": "silu", "tie_word_embeddings": False,
+            "mask_token_id": ids["<|mask|>"], "bos_token_id": eos, "eos_token_id": eos, "pad_token_id": eos,
+            "torch_dtype": "float32"}
+
+
+def build_tiny_checkpoint(out_dir: str | Path, arch: str = "llada", seed: int = 0, shard_size: int | None = None,
+                          logit_scale: float = 8.0, **sizes) -> Path:
+    """Random tiny LLaDA ("llada") or Dream ("dream") checkpoint + tokenizer in ``out_dir``.
+
+    ``logit_scale`` multiplies the LM head so confidences spread over (0, 1) like a trained model's."""
+    if arch not in ("llada", "dream"):
+        raise ValueError(f"arch must be one of ['dream', 'llada'], got {arch!r}")
+    d = Path(out_dir)
+    ids = build_tokenizer(d, arch)
+    cfg = (llada_config if arch == "llada" else dream_config)(ids, **sizes)
+    cls = LLaDAModelLM if arch == "llada" else DreamModel
+    torch.manual_seed(seed)
+    model = cls(cls.parse_config(cfg))
+    with torch.no_grad():
+        model.embed.weight.normal_()
+        model.embed.weight[cfg["mask_token_id"]].mul_(0.1)  # a near-neutral [MASK] lets context show through
+        w = model.lm_head.weight
+        w.mul_(logit_scale / w.norm(dim=-1, keepdim=True))  # equal-norm rows: no token wins everywhere
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(std=0.1)
+    save_model(model, d, cfg, shard_size=shard_size)
+    return d
