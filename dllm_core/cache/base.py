@@ -3,13 +3,15 @@
 The engine (embedded or host adapter) calls, per request batch::
 
     policy.begin(model, canvas)                     # allocate static buffers
-    h = policy.hidden(model, x, need, fresh)        # every step -> [B, need_hi - need_lo, d]
+    h = policy.hidden(model, x, need, fresh, active)  # every step -> [B, need_hi - need_lo, d]
     policy.end()                                    # release
 
-``need``  = (lo, hi): positions whose final hidden states the sampler's logits come from
-            (already shifted one left for Dream).
-``fresh`` = (lo, hi): positions the step is about (the block, or SlowFast's span); approximate
-            policies keep at least these exact and may reuse cached K/V / features elsewhere.
+``need``   = (lo, hi) ints: positions whose final hidden states the sampler's logits come from
+             (already shifted one left for Dream); the union over the batch rows.
+``fresh``  = [B, 2] per-row [lo, hi): the positions each row's step is about (its block or
+             SlowFast span, shifted like ``need``); approximate policies keep these exact and may
+             reuse cached K/V / features elsewhere. A change of a row's range is a refresh point.
+``active`` = [B] bool: rows still decoding this block (others are carried along idle).
 """
 from __future__ import annotations
 
@@ -27,6 +29,7 @@ class Canvas:
     mask: torch.Tensor | None   # [B, 1, 1, T] bool key mask (None: no padding)
     prompt_len: int             # response (generation region) starts here
     block_len: int
+    block: int = 0              # index of the block being decoded (set by the engine)
 
     @property
     def seq_len(self) -> int:
@@ -70,7 +73,8 @@ class CachePolicy:
         c.token_layers += positions * n
         c.full_token_layers += self.canvas.seq_len * n
 
-    def hidden(self, model, x: torch.Tensor, need: tuple[int, int], fresh: tuple[int, int]) -> torch.Tensor:
+    def hidden(self, model, x: torch.Tensor, need: tuple[int, int], fresh: torch.Tensor,
+               active: torch.Tensor | None = None) -> torch.Tensor:
         cv = self.canvas
         h, rope = model.embed(x), model.rope(cv.pos)
         for layer in model.layers:

@@ -60,9 +60,9 @@ class DLLMCache(CachePolicy):
             return "full"
         return "prompt" if c % self.kp == 0 else "response" if c % self.kr == 0 else "adaptive"
 
-    def hidden(self, model, x, need, fresh):
+    def hidden(self, model, x, need, fresh, active=None):
         cv = self.canvas
-        block = fresh[0] // cv.block_len if self.per_block else None
+        block = cv.block if self.per_block else None
         c = 0 if block != self._block else self._step
         object.__setattr__(self, "_block", block)
         object.__setattr__(self, "_step", c + 1)

@@ -1,18 +1,23 @@
 """Fast-dLLM block-wise approximate KV caches: ``prefix`` and ``dual`` (DualCache).
 
 At a refresh step (a new block, a new SlowFast span, or every ``every`` steps) one full forward
-fills static K/V buffers for every position. Other steps run only
+fills static K/V buffers for every position. Other steps recompute only
 ``prefix``: [window start, T) - the block and the masked suffix - against the cached prefix K/V;
 ``dual``:   the window itself against cached prefix *and* suffix K/V.
 ``every=1`` refreshes at each step: the exact mode (identical to ``none``).
+
+Rows of a batch keep their own windows and refresh times: the step computes the union of the
+rows' ranges, but each row writes fresh K/V only inside its own range, so a row's output never
+depends on its neighbours.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import ClassVar
 
+import torch
+
 from .base import CachePolicy, kv_buffers, nbytes
-from ..models.layers import Block
 
 
 @dataclass(frozen=True)
@@ -28,25 +33,33 @@ class PrefixCache(CachePolicy):
 
     def begin(self, model, canvas):
         super().begin(model, canvas)
-        object.__setattr__(self, "_buf_kv", kv_buffers(model, canvas.pos.shape[0], canvas.seq_len, canvas.pos.device))
-        object.__setattr__(self, "_key", None)
-        object.__setattr__(self, "_age", 0)
+        B, dev = canvas.pos.shape[0], canvas.pos.device
+        object.__setattr__(self, "_buf_kv", kv_buffers(model, B, canvas.seq_len, dev))
+        object.__setattr__(self, "_key", torch.full((B, 2), -1, dtype=torch.long, device=dev))
+        object.__setattr__(self, "_age", torch.zeros(B, dtype=torch.long, device=dev))
         self.counters.cache_bytes = nbytes(self._buf_kv)
 
-    def span(self, lo: int, fresh: tuple[int, int]) -> tuple[int, int]:
-        return min(lo, fresh[0]), self.canvas.seq_len
+    def row_end(self, fresh: torch.Tensor) -> torch.Tensor:
+        """End of each row's recomputed range: the sequence end (prefix) or the window end (dual)."""
+        return torch.full_like(fresh[:, 1], self.canvas.seq_len)
 
-    def hidden(self, model, x, need, fresh):
-        refresh = self._key != fresh or (self.every and self._age >= self.every)
-        object.__setattr__(self, "_key", fresh)
-        object.__setattr__(self, "_age", 1 if refresh else self._age + 1)
-        a, b = (0, self.canvas.seq_len) if refresh else self.span(need[0], fresh)
-        b = max(b, need[1])
+    def hidden(self, model, x, need, fresh, active=None):
+        T = self.canvas.seq_len
+        active = torch.ones_like(self._age, dtype=torch.bool) if active is None else active
+        refresh = active & ((fresh != self._key).any(-1) | ((self.every > 0) & (self._age >= self.every)))
+        self._key.copy_(torch.where(active[:, None], fresh, self._key))
+        self._age.copy_(torch.where(refresh, 1, self._age + 1))
+        lo, hi = fresh[:, 0], self.row_end(fresh)
+        if bool(refresh.any()):
+            a, b = 0, T
+        else:
+            a, b = min(need[0], int(lo[active].min())), max(need[1], int(hi[active].max()))
+        p = torch.arange(a, b, device=x.device)
+        keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, b - a]
         cv = self.canvas
         h, rope = model.embed(x[:, a:b]), model.rope(cv.pos[:, a:b])
-        layer: Block
         for layer, kv in zip(model.layers, self._buf_kv):
-            h = layer(h, rope, cv.mask, kv=kv, at=a)
+            h = layer(h, rope, cv.mask, kv=kv, at=a, keep=keep)
         self._count(model, b - a)
         return h[:, need[0] - a:need[1] - a]
 
@@ -57,5 +70,5 @@ class DualCache(PrefixCache):
 
     name: ClassVar[str] = "dual"
 
-    def span(self, lo, fresh):
-        return min(lo, fresh[0]), fresh[1]
+    def row_end(self, fresh):
+        return fresh[:, 1]

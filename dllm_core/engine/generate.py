@@ -48,11 +48,18 @@ def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
         raise ValueError("mask_token_id: the model's config.json has none; pass mask_id explicitly")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("--prompt: every prompt needs at least one token")
+    if any(mask_id in p for p in prompts):
+        raise ValueError(f"--prompt: prompts must not contain the mask token id {mask_id}")
     longest = max(len(p) for p in prompts)
     if longest + cfg.gen_length > model.args.max_seq_len:
         raise ValueError(f"--prompt: {longest} prompt tokens + --gen-length {cfg.gen_length} exceed the model's "
                          f"max_sequence_length {model.args.max_seq_len}")
     return mask_id
+
+
+def _rows(fresh, active, cfg_rows):
+    """Per-row policy inputs, duplicated for the unconditional CFG rows."""
+    return (fresh.repeat(2, 1), active.repeat(2)) if cfg_rows else (fresh, active)
 
 
 @torch.inference_mode()
@@ -84,12 +91,16 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     try:
         for b in range(cfg.num_blocks):
             s, e = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
+            canvas.block = b
             sampler.begin_block(st, x[:, s:e] == mask_id)
             while not sampler.block_done(st, masked := x[:, s:e] == mask_id):
                 active = sampler.active(st, masked)
-                lo, hi = sampler.focus(st, active)
+                flo, fhi = sampler.focus(st)  # [B] per-row windows inside the block
+                lo, hi = int(flo[active].min()), int(fhi[active].max())  # union over active rows
+                fresh = torch.stack([s + flo - shift, s + fhi], -1)  # [B, 2]
                 xin = torch.cat([x, x.masked_fill(prompt_pos, mask_id)]) if cfg_rows else x
-                logits = model.logits(policy.hidden(model, xin, (s + lo - shift, s + hi - shift), (s + lo, s + hi)))
+                h = policy.hidden(model, xin, (s + lo - shift, s + hi - shift), *_rows(fresh, active, cfg_rows))
+                logits = model.logits(h)
                 if cfg_rows:  # classifier-free guidance: un + (scale + 1) * (cond - un)
                     cond, un = logits.chunk(2)
                     logits = un + (cfg.cfg_scale + 1) * (cond - un)

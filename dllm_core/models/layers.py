@@ -90,22 +90,24 @@ class Block(nn.Module):
         h = self.ffn_norm(h)
         return self.down_proj(F.silu(self.gate_proj(h)) * self.up_proj(h))
 
-    def forward(self, x, rope: Rope, mask, kv=None, at=None) -> torch.Tensor:
+    def forward(self, x, rope: Rope, mask, kv=None, at=None, keep=None) -> torch.Tensor:
         """Run the layer on x [B, n, d]. With ``kv=(K, V)`` buffers [B, Hkv, T, D], the fresh
-        k/v are written at ``at`` (int offset or index tensor [B, n]) and q attends to the
-        whole buffers (cached entries elsewhere)."""
+        k/v are written at ``at`` (int offset or index tensor [B, n]) - only where ``keep``
+        [B, n] is True, if given - and q attends to the whole buffers (cached entries elsewhere)."""
         q, k, v = self.qkv(x, rope)
         if kv is not None:
-            k, v = write_kv(kv[0], at, k), write_kv(kv[1], at, v)
+            k, v = write_kv(kv[0], at, k, keep), write_kv(kv[1], at, v, keep)
         a = self.attend(q, k, v, mask)
         h = x + a
         return h + self.ffn(h)
 
 
-def write_kv(buf: torch.Tensor, at, new: torch.Tensor) -> torch.Tensor:
-    """Write new [B, h, n, D] into buf [B, h, T, D] at offset ``at`` or per-row indices [B, n]."""
+def write_kv(buf: torch.Tensor, at, new: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    """Write new [B, h, n, D] into buf [B, h, T, D] at offset ``at`` or per-row indices [B, n];
+    with ``keep`` [B, n] only the True entries are written (others keep the cached value)."""
     if isinstance(at, int):
-        buf[:, :, at:at + new.shape[2]] = new
+        old = buf[:, :, at:at + new.shape[2]]
+        old.copy_(new if keep is None else torch.where(keep[:, None, :, None], new, old))
     else:
         buf.scatter_(2, at[:, None, :, None].expand_as(new), new)
     return buf

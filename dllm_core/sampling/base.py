@@ -5,8 +5,8 @@ A sampler sees one block's window of logits and decides which masked positions t
     st = sampler.new_state(batch, block_len, steps_per_block, device)    # per request rows
     sampler.begin_block(st)
     while not sampler.block_done(st, masked):                            # masked [B, L]
-        lo, hi = sampler.focus(st, active)                               # window inside the block
-        x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)       # logits [B, W, V]
+        lo, hi = sampler.focus(st)                     # [B] per-row windows; W = union over rows
+        x0, commit = sampler.step(logits, x[:, LO:HI], st, tc, LO)       # logits [B, W, V]
 
 All state lives in ``st`` (a dict of tensors, one row per request) so a host engine can keep it
 between scheduler rounds; the sampler object itself is immutable configuration.
@@ -133,9 +133,10 @@ class Sampler:
         """Rows that still take part in this block: [B] bool."""
         return masked.any(-1)
 
-    def focus(self, st: dict, active: torch.Tensor) -> tuple[int, int]:
-        """Window [lo, hi) of the block whose logits the next step needs."""
-        return 0, st["L"]
+    def focus(self, st: dict) -> tuple[torch.Tensor, torch.Tensor]:
+        """Per-row window [lo, hi) of the block the next step is about: ([B], [B])."""
+        z = torch.zeros_like(st["i"])
+        return z, z + st["L"]
 
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool)."""

@@ -56,11 +56,10 @@ class SlowFast(Sampler):
         st["n_slow"].masked_fill_(rows, 0)
         st["n_hist"].masked_fill_(rows, 0)
 
-    def focus(self, st, active):
-        fast = st["fast"] & active
-        if bool((active & ~fast).any()) or not bool(fast.any()):
-            return 0, st["L"]
-        return int(st["start"][fast].min()), int(st["end"][fast].max())
+    def focus(self, st):
+        """Fast rows look at their span only; slow rows at the whole block."""
+        fast = st["fast"]
+        return torch.where(fast, st["start"], 0), torch.where(fast, st["end"], st["L"])
 
     def select(self, conf, masked, st, lo):
         pos = lo + torch.arange(conf.shape[-1], device=conf.device)  # [W] block-relative

@@ -1,0 +1,32 @@
+import pytest
+
+from dllm_core import load_model
+from dllm_core.testing import build_tiny_checkpoint
+
+
+@pytest.fixture(scope="session")
+def llada_dir(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("llada"), "llada")
+
+
+@pytest.fixture(scope="session")
+def dream_dir(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("dream"), "dream")
+
+
+@pytest.fixture(scope="session")
+def llada(llada_dir):
+    return load_model(llada_dir)
+
+
+@pytest.fixture(scope="session")
+def dream(dream_dir):
+    return load_model(dream_dir)
+
+
+@pytest.fixture(scope="session", params=["llada", "dream"])
+def model(request):
+    return request.getfixturevalue(request.param)
+
+
+PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44]]
