@@ -2,10 +2,13 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
+# modules that register a subcommand through `add_parser(subparsers)`
+SUBCOMMANDS = ["dllm_core.demo"]
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:
@@ -96,8 +99,8 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--json", action="store_true")
     add_generation_args(g)
     g.set_defaults(func=cmd_generate)
-    from .demo import add_demo_parser
-    add_demo_parser(sub)
+    for mod in SUBCOMMANDS:
+        importlib.import_module(mod).add_parser(sub)
     return p
 
 

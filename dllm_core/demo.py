@@ -12,7 +12,7 @@ DEFAULT_CACHES = ["none", "prefix", "dual", "dllm:kp=50,kr=7,rho=0.25"]
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 
 
-def add_demo_parser(sub) -> None:
+def add_parser(sub) -> None:
     from .cli import add_generation_args
 
     d = sub.add_parser("demo", help="run every sampler x cache policy and print a comparison table")

@@ -30,3 +30,16 @@ def model(request):
 
 
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44]]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--runslow", action="store_true", help="also run @pytest.mark.slow tests")
+
+
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--runslow"):
+        return
+    skip = pytest.mark.skip(reason="slow: pass --runslow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)
