@@ -1,0 +1,114 @@
+"""Cache policies: exact modes equal `none`, approximate modes skip the work they claim, errors."""
+import pytest
+import torch
+
+from dllm_core import GenerationConfig, generate, make_cache
+from dllm_core.cache import Canvas
+from conftest import PROMPTS
+
+CFG = GenerationConfig(gen_length=16, block_length=8, steps=8)
+EXACT = ["prefix:every=1", "dual:every=1", "dllm:kp=1,kr=1", "dllm:kp=1,kr=1,first_layer=false"]
+SAMPLERS = ["low_confidence", "threshold:tau=0.6", "factor", "slowfast", "entropy"]
+
+
+@pytest.mark.parametrize("cache", EXACT)
+@pytest.mark.parametrize("sampler", SAMPLERS)
+def test_exact_modes_equal_none(model, cache, sampler):
+    base = generate(model, PROMPTS, CFG, sampler=sampler)
+    r = generate(model, PROMPTS, CFG, sampler=sampler, cache=cache)
+    assert r.tokens.tolist() == base.tokens.tolist() and r.nfe == base.nfe
+
+
+@pytest.mark.parametrize("cache", ["prefix", "dual", "dllm"])
+def test_approximate_modes_run_with_cfg_and_sampling(model, cache):
+    r = generate(model, PROMPTS, CFG, cache=cache, cfg_scale=1.0, temperature=0.7)
+    assert r.tokens.shape == (3, 16) and not (r.tokens == model.args.mask_token_id).any()
+
+
+def test_prefix_and_dual_compute_only_their_window(model):
+    """Fixed schedule, 2 blocks x 4 steps, T = P + 16: the first step of each block is a full
+    forward, the other 3 run [block start, T) (prefix) or the block (dual); Dream adds the one
+    position left of the window its shifted logits need."""
+    P, L, shift = max(map(len, PROMPTS)), model.args.n_layers, int(model.shift_logits)
+    T = P + 16
+    want = {"none": 8 * T,
+            "prefix": 2 * T + 3 * (T - P + shift) + 3 * (T - P - 8 + shift),
+            "dual": 2 * T + 6 * (8 + shift)}
+    for name, positions in want.items():
+        c = generate(model, PROMPTS, CFG, cache=name).counters
+        assert c.forwards == 8 and c.token_layers == positions * L, name
+        assert c.full_token_layers == 8 * T * L
+        assert (c.cache_bytes > 0) == (name != "none")
+
+
+def test_dllm_cache_schedule_counts(model):
+    """kp=4, kr=2, rho=0.25 over 8 steps: step 0 full; c%4==0 -> full (both); c%2==0 -> response;
+    else adaptive (floor(0.25 * 16) = 4 positions); layer 0 always full."""
+    P, L = max(map(len, PROMPTS)), model.args.n_layers
+    T, R = P + 16, 16
+    per_step = {0: T, 1: 4, 2: R, 3: 4, 4: T, 5: 4, 6: R, 7: 4}
+    c = generate(model, PROMPTS, CFG, cache="dllm:kp=4,kr=2,rho=0.25").counters
+    assert c.token_layers == 8 * T + sum(per_step.values()) * (L - 1)
+    assert c.v_only == 4 * R * (L - 1)  # V-verify projections on the adaptive steps
+    c = generate(model, PROMPTS, CFG, cache="dllm:kp=100,kr=100,rho=0,first_layer=false").counters
+    assert c.token_layers == T * L  # only the first step computes anything
+    c = generate(model, PROMPTS, CFG, cache="dllm:kp=3,kr=100,rho=0,first_layer=false").counters
+    assert c.token_layers == (T + 2 * P) * L  # steps 3 and 6 refresh the prompt only
+
+
+def test_dllm_adaptive_rho_one_equals_response_refresh(model):
+    """rho=1 recomputes every response token against the cached prompt: the same as refreshing the
+    response at every step (kr=1), whatever the selection rule."""
+    base = generate(model, PROMPTS, CFG, cache="dllm:kp=100,kr=1,first_layer=false")
+    for sel in ("value", "key", "random"):
+        r = generate(model, PROMPTS, CFG, cache=f"dllm:kp=100,kr=100,rho=1,select={sel},first_layer=false")
+        assert r.tokens.tolist() == base.tokens.tolist(), sel
+        assert r.counters.token_layers == base.counters.token_layers
+
+
+def test_dllm_cache_selection_variants_differ(dream):
+    outs = {s: generate(dream, PROMPTS, CFG, cache=f"dllm:kp=50,kr=7,rho=0.25,{s}").tokens
+            for s in ("select=value", "select=random", "metric=l2")}
+    assert all(o.shape == (3, 16) for o in outs.values())
+
+
+def test_cache_released_between_requests(llada):
+    pol = make_cache("dual")
+    generate(llada, PROMPTS, CFG, cache=pol)
+    assert not [k for k in vars(pol) if k.startswith("_buf")]
+    assert pol.counters.cache_bytes == 2 * llada.args.n_layers * 3 * llada.args.n_kv_heads * (7 + 16) * \
+        llada.args.head_dim * 4
+
+
+@pytest.mark.parametrize("spec, match", [
+    ("dllm:rho=1.5", r"--cache dllm.rho must be in \[0.0, 1.0\], got 1.5"),
+    ("dllm:rho=-0.1", r"--cache dllm.rho must be in \[0.0, 1.0\]"),
+    ("dllm:kp=0", "--cache dllm.kp must be >= 1, got 0"),
+    ("dllm:kr=0", "--cache dllm.kr must be >= 1, got 0"),
+    ("dllm:select=query", r"--cache dllm.select must be one of \['key', 'random', 'value'\]"),
+    ("dllm:metric=dot", r"--cache dllm.metric must be one of \['cosine', 'l2'\]"),
+    ("lru", r"--cache: unknown policy 'lru'; allowed: \['dllm', 'dual', 'none', 'prefix'"),
+    ("prefix:every=-1", "--cache prefix.every must be >= 0"),
+    ("dllm:kp=x", "--cache dllm.kp: cannot parse 'x' as int"),
+])
+def test_bad_parameters(spec, match):
+    with pytest.raises(ValueError, match=match):
+        make_cache(spec)
+
+
+def test_prefix_policy_rows_are_independent(dream):
+    """Rows refreshing at different times (per-row windows) write only their own K/V."""
+    pol = make_cache("dual")
+    x = torch.randint(20, 200, (2, 12))
+    pos = torch.arange(12).expand(2, 12)
+    pol.begin(dream, Canvas(pos, torch.ones(2, 1, 1, 12, dtype=torch.bool), 4, 4))
+    fresh = torch.tensor([[4, 8], [4, 8]])
+    pol.hidden(dream, x, (4, 8), fresh)
+    k_before = pol._buf_kv[0][0].clone()
+    x2 = x.clone()
+    x2[:, 9] = 7
+    pol.hidden(dream, x2, (4, 8), torch.tensor([[4, 8], [8, 12]]))  # row 1 moved on: it refreshes
+    k_after = pol._buf_kv[0][0]
+    assert torch.equal(k_after[0, :, 9], k_before[0, :, 9])  # row 0 kept its cached suffix
+    assert not torch.equal(k_after[1, :, 9], k_before[1, :, 9])  # row 1 recomputed everything
+    pol.end()
