@@ -56,6 +56,7 @@ class PrefixCache(CachePolicy):
             a, b = min(need[0], int(lo[active].min())), max(need[1], int(hi[active].max()))
         p = torch.arange(a, b, device=x.device)
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, b - a]
+        keep = None if bool(keep.all()) else keep  # one sync per step saves a select per layer
         cv = self.canvas
         h, rope = model.embed(x[:, a:b]), model.rope(cv.pos[:, a:b])
         for layer, kv in zip(model.layers, self._buf_kv):
