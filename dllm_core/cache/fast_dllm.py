@@ -50,13 +50,15 @@ class PrefixCache(CachePolicy):
         self._key.copy_(torch.where(active[:, None], fresh, self._key))
         self._age.copy_(torch.where(refresh, 1, self._age + 1))
         lo, hi = fresh[:, 0], self.row_end(fresh)
-        if bool(refresh.any()):
-            a, b = 0, T
-        else:
-            a, b = min(need[0], int(lo[active].min())), max(need[1], int(hi[active].max()))
+        a_t = lo.masked_fill(~active, T).min().clamp(max=need[0])  # union of the rows' ranges and `need`
+        b_t = hi.masked_fill(~active, 0).max().clamp(min=need[1])
+        covered = (active & (lo <= a_t) & (hi >= b_t)).all()  # all rows write all of [a, b)
+        any_refresh, a, b, all_refresh, all_cover = torch.stack(
+            [refresh.any(), a_t, b_t, (active & refresh).all(), covered]).tolist()  # the step's one device sync
+        a, b = (0, T) if any_refresh else (a, b)
         p = torch.arange(a, b, device=x.device)
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, b - a]
-        keep = None if bool(keep.all()) else keep  # one sync per step saves a select per layer
+        keep = None if (all_refresh if any_refresh else all_cover) else keep
         cv = self.canvas
         h, rope = model.embed(x[:, a:b]), model.rope(cv.pos[:, a:b])
         for layer, kv in zip(model.layers, self._buf_kv):

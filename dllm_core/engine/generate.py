@@ -3,6 +3,7 @@ producing hidden states. Batches of prompts of different lengths run left-padded
 per block; each row reproduces its unbatched run (rows that finish a block early idle)."""
 from __future__ import annotations
 
+import itertools
 import time
 from dataclasses import dataclass, replace
 
@@ -93,10 +94,14 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
             s, e = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
             canvas.block = b
             sampler.begin_block(st, x[:, s:e] == mask_id)
-            while not sampler.block_done(st, masked := x[:, s:e] == mask_id):
+            for n in itertools.count():
+                if sampler.block_done(st, masked := x[:, s:e] == mask_id):
+                    break
+                if n >= cfg.block_length and not sampler.fixed_steps:
+                    raise RuntimeError(f"sampler {sampler.name} left masks after {n} steps of a block of {n}")
                 active = sampler.active(st, masked)
                 flo, fhi = sampler.focus(st)  # [B] per-row windows inside the block
-                lo, hi = int(flo[active].min()), int(fhi[active].max())  # union over active rows
+                lo, hi = sampler.window(st, active)  # their union over active rows
                 fresh = torch.stack([s + flo - shift, s + fhi], -1)  # [B, 2]
                 xin = torch.cat([x, x.masked_fill(prompt_pos, mask_id)]) if cfg_rows else x
                 h = policy.hidden(model, xin, (s + lo - shift, s + hi - shift), *_rows(fresh, active, cfg_rows))
@@ -108,8 +113,6 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
                 commit &= active[:, None]
                 x[:, s + lo:s + hi] = torch.where(commit, x0, x[:, s + lo:s + hi])
                 nfe += active
-                if not sampler.fixed_steps and not bool(commit.any(-1).eq(active).all()):
-                    raise RuntimeError(f"sampler {sampler.name} committed nothing for an active row")
     finally:
         policy.end()
     if dev.type == "cuda":

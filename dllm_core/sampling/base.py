@@ -5,7 +5,8 @@ A sampler sees one block's window of logits and decides which masked positions t
     st = sampler.new_state(batch, block_len, steps_per_block, device)    # per request rows
     sampler.begin_block(st)
     while not sampler.block_done(st, masked):                            # masked [B, L]
-        lo, hi = sampler.focus(st)                     # [B] per-row windows; W = union over rows
+        lo, hi = sampler.focus(st)                     # [B] per-row windows inside the block
+        LO, HI = sampler.window(st, active)            # their union over active rows (host ints)
         x0, commit = sampler.step(logits, x[:, LO:HI], st, tc, LO)       # logits [B, W, V]
 
 All state lives in ``st`` (a dict of tensors, one row per request) so a host engine can keep it
@@ -123,6 +124,7 @@ class Sampler:
     def begin_block(self, st: dict, masked: torch.Tensor) -> None:
         """masked [B, L]: the block's mask positions at its first step."""
         st["i"].zero_()
+        st["n"] = 0  # host-side step counter of the block (no sync to read)
         st["m0"] = masked.sum(-1)
 
     def block_done(self, st: dict, masked: torch.Tensor) -> bool:
@@ -138,12 +140,17 @@ class Sampler:
         z = torch.zeros_like(st["i"])
         return z, z + st["L"]
 
+    def window(self, st: dict, active: torch.Tensor) -> tuple[int, int]:
+        """Union of the active rows' focus windows as host ints (the whole block by default)."""
+        return 0, st["L"]
+
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool)."""
         x0 = propose(logits, tc)
         masked = x == tc.mask_id
         commit = self.select(confidence(self.confidence, logits, x0, tc), masked, st, lo)
         st["i"] += 1
+        st["n"] += 1
         return x0, commit
 
     def select(self, conf: torch.Tensor, masked: torch.Tensor, st: dict, lo: int) -> torch.Tensor:

@@ -61,6 +61,12 @@ class SlowFast(Sampler):
         fast = st["fast"]
         return torch.where(fast, st["start"], 0), torch.where(fast, st["end"], st["L"])
 
+    def window(self, st, active):
+        lo, hi = self.focus(st)
+        big = st["L"] + 1
+        lo, hi = torch.stack([lo.masked_fill(~active, big).min(), -hi.masked_fill(~active, -1).max()]).tolist()
+        return (0, st["L"]) if lo == big else (lo, -hi)
+
     def select(self, conf, masked, st, lo):
         pos = lo + torch.arange(conf.shape[-1], device=conf.device)  # [W] block-relative
         c = masked_score(conf, masked)
