@@ -59,7 +59,7 @@ def measure(model, B: int, P: int, base, caches: list[str], device) -> list[dict
     rows = []
     for spec in caches:
         cfg = replace(base, cache=spec)
-        generate(model, prompts, replace(cfg, gen_length=base.block_length, steps=base.steps // base.num_blocks))
+        generate(model, prompts, replace(cfg, steps=2 * base.num_blocks))  # warm-up: every shape the timed run uses
         if device.type == "cuda":
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()

@@ -56,11 +56,16 @@ class CachePolicy:
     """Base: the exact, uncached forward over the whole sequence (policy ``none``)."""
 
     name: ClassVar[str] = "none"
+    graphs: bool = True  # replay fixed-shape forwards as CUDA graphs (CUDA only)
     counters: Counters = field(default_factory=Counters, init=False, compare=False, repr=False)
 
     def begin(self, model, canvas: Canvas) -> None:
+        from .graphs import GraphRunner
+
         object.__setattr__(self, "counters", Counters())
         object.__setattr__(self, "canvas", canvas)
+        object.__setattr__(self, "_buf_full", GraphRunner(lambda ids: self._full(model, ids),
+                                                          self.graphs and canvas.pos.device.type == "cuda"))
 
     def end(self) -> None:
         """Drop every buffer; counters stay readable."""
@@ -75,12 +80,15 @@ class CachePolicy:
 
     def hidden(self, model, x: torch.Tensor, need: tuple[int, int], fresh: torch.Tensor,
                active: torch.Tensor | None = None) -> torch.Tensor:
-        cv = self.canvas
-        h, rope = model.embed(x), model.rope(cv.pos)
+        self._count(model, self.canvas.seq_len)
+        return self._buf_full(x)[:, need[0]:need[1]]
+
+    def _full(self, model, ids: torch.Tensor) -> torch.Tensor:
+        """Uncached full-sequence pass: ids [B, T] -> hidden [B, T, d]."""
+        h, rope = model.embed(ids), model.rope(self.canvas.pos)
         for layer in model.layers:
-            h = layer(h, rope, cv.mask)
-        self._count(model, cv.seq_len)
-        return h[:, need[0]:need[1]]
+            h = layer(h, rope, self.canvas.mask)
+        return h
 
 
 def kv_buffers(model, batch: int, seq_len: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -5,6 +5,8 @@ fills static K/V buffers for every position. Other steps recompute only
 ``prefix``: [window start, T) - the block and the masked suffix - against the cached prefix K/V;
 ``dual``:   the window itself against cached prefix *and* suffix K/V.
 ``every=1`` refreshes at each step: the exact mode (identical to ``none``).
+On CUDA each (batch, window) shape runs as a replayed CUDA graph (``graphs=false`` for eager); K/V
+are written through position indices, so one graph serves every block offset.
 
 Rows of a batch keep their own windows and refresh times: the step computes the union of the
 rows' ranges, but each row writes fresh K/V only inside its own range, so a row's output never
@@ -18,6 +20,7 @@ from typing import ClassVar
 import torch
 
 from .base import CachePolicy, kv_buffers, nbytes
+from .graphs import GraphRunner
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,7 @@ class PrefixCache(CachePolicy):
 
     name: ClassVar[str] = "prefix"
     every: int = 0
+    graphs: bool = True
 
     def __post_init__(self):
         if self.every < 0:
@@ -37,6 +41,8 @@ class PrefixCache(CachePolicy):
         object.__setattr__(self, "_buf_kv", kv_buffers(model, B, canvas.seq_len, dev))
         object.__setattr__(self, "_key", torch.full((B, 2), -1, dtype=torch.long, device=dev))
         object.__setattr__(self, "_age", torch.zeros(B, dtype=torch.long, device=dev))
+        object.__setattr__(self, "_buf_run", GraphRunner(lambda *a: self._window(model, *a),
+                                                         self.graphs and dev.type == "cuda"))
         self.counters.cache_bytes = nbytes(self._buf_kv)
 
     def row_end(self, fresh: torch.Tensor) -> torch.Tensor:
@@ -56,15 +62,20 @@ class PrefixCache(CachePolicy):
         any_refresh, a, b, all_refresh, all_cover = torch.stack(
             [refresh.any(), a_t, b_t, (active & refresh).all(), covered]).tolist()  # the step's one device sync
         a, b = (0, T) if any_refresh else (a, b)
-        p = torch.arange(a, b, device=x.device)
-        keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, b - a]
-        keep = None if (all_refresh if any_refresh else all_cover) else keep
-        cv = self.canvas
-        h, rope = model.embed(x[:, a:b]), model.rope(cv.pos[:, a:b])
-        for layer, kv in zip(model.layers, self._buf_kv):
-            h = layer(h, rope, cv.mask, kv=kv, at=a, keep=keep)
+        p = torch.arange(a, b, device=x.device).expand(x.shape[0], -1)  # [B, n] absolute positions
+        keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, n]
+        if all_refresh if any_refresh else all_cover:
+            keep = torch.ones_like(keep)
+        h = self._buf_run(x[:, a:b], self.canvas.pos[:, a:b], p, keep)
         self._count(model, b - a)
         return h[:, need[0] - a:need[1] - a]
+
+    def _window(self, model, ids, pos, at, keep):
+        """ids/pos/at/keep [B, n] -> hidden [B, n, d]; K/V written at ``at`` where ``keep``."""
+        h, rope = model.embed(ids), model.rope(pos)
+        for layer, kv in zip(model.layers, self._buf_kv):
+            h = layer(h, rope, self.canvas.mask, kv=kv, at=at, keep=keep)
+        return h
 
 
 @dataclass(frozen=True)

@@ -108,9 +108,11 @@ def write_kv(buf: torch.Tensor, at, new: torch.Tensor, keep: torch.Tensor | None
     if isinstance(at, int):
         old = buf[:, :, at:at + new.shape[2]]
         old.copy_(new if keep is None else torch.where(keep[:, None, :, None], new, old))
-    else:
-        buf.scatter_(2, at[:, None, :, None].expand_as(new), new)
-    return buf
+        return buf
+    idx = at[:, None, :, None].expand_as(new)
+    if keep is not None:
+        new = torch.where(keep[:, None, :, None], new, buf.gather(2, idx))
+    return buf.scatter_(2, idx, new)
 
 
 def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
