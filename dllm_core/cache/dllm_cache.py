@@ -4,6 +4,8 @@ V-verify partial response updates in between).
 Per layer the cache holds K, V [B, Hkv, T, D] and the attention / FFN outputs [B, T, d]; a layer's
 output is always assembled as ``x + attn + ffn`` from (partly fresh, partly cached) features.
 Exact mode: ``kp=1,kr=1`` (every layer fully recomputed at every step).
+On CUDA each distinct per-layer mode pattern (at most four) replays as a CUDA graph: shapes are
+fixed (|prompt|, |response|, floor(rho * |response|)) and the selection is index tensors.
 """
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from .base import CachePolicy, kv_buffers, nbytes
+from .graphs import GraphRunner
 from ..models.layers import gather_rows, scatter_rows, write_kv
 from ..options import check_choice, check_range
 
@@ -53,6 +56,7 @@ class DLLMCache(CachePolicy):
         object.__setattr__(self, "_step", 0)
         object.__setattr__(self, "_block", None)
         object.__setattr__(self, "_gen", torch.Generator(dev).manual_seed(self.seed))
+        object.__setattr__(self, "_buf_runs", {})  # per-layer mode pattern -> GraphRunner
         self.counters.cache_bytes = nbytes(self._buf_kv) + nbytes(feats)
 
     def _mode(self, c: int, layer: int) -> str:
@@ -66,12 +70,28 @@ class DLLMCache(CachePolicy):
         c = 0 if block != self._block else self._step
         object.__setattr__(self, "_block", block)
         object.__setattr__(self, "_step", c + 1)
-        h, rope = model.embed(x), model.rope(cv.pos)
-        self.counters.forwards += 1
-        self.counters.full_token_layers += cv.seq_len * model.args.n_layers
-        for i, (layer, kv, feat) in enumerate(zip(model.layers, self._buf_kv, self._buf_feat)):
-            h = self._layer(layer, h, rope, kv, feat, self._mode(c, i))
-        return h[:, need[0]:need[1]]
+        modes = tuple(self._mode(c, i) for i in range(model.args.n_layers))
+        self._tally(modes)
+        graphs = self.graphs and x.device.type == "cuda" and self.select != "random"
+        run = self._buf_runs.get(modes) or self._buf_runs.setdefault(
+            modes, GraphRunner(lambda ids: self._forward(model, ids, modes), graphs))
+        return run(x)[:, need[0]:need[1]]
+
+    def _tally(self, modes: tuple[str, ...]) -> None:
+        P, T = self.canvas.prompt_len, self.canvas.seq_len
+        n = int(self.rho * (T - P))
+        c = self.counters
+        c.forwards += 1
+        c.full_token_layers += T * len(modes)
+        c.token_layers += sum({"full": T, "prompt": P, "response": T - P, "adaptive": n}[m] for m in modes)
+        c.v_only += sum(T - P for m in modes if m == "adaptive" and n and self.select != "random")
+
+    def _forward(self, model, ids, modes):
+        """ids [B, T] -> hidden [B, T, d], each layer run in its mode."""
+        h, rope = model.embed(ids), model.rope(self.canvas.pos)
+        for layer, kv, feat, mode in zip(model.layers, self._buf_kv, self._buf_feat, modes):
+            h = self._layer(layer, h, rope, kv, feat, mode)
+        return h
 
     def _run(self, layer, x, rope, kv, feat, at):
         """Recompute positions ``at`` (slice or index tensor [B, n]) and store their features."""
@@ -90,7 +110,6 @@ class DLLMCache(CachePolicy):
                 buf[:, at] = new
             else:
                 scatter_rows(buf, at, new)
-        self.counters.token_layers += xs.shape[1]
 
     def _layer(self, layer, x, rope, kv, feat, mode):
         P, T = self.canvas.prompt_len, self.canvas.seq_len
@@ -124,5 +143,4 @@ class DLLMCache(CachePolicy):
                 old = kv[0][:, :, P:]
             new, old = new.transpose(1, 2).flatten(2).float(), old.transpose(1, 2).flatten(2).float()  # [B, R, Hkv*D]
             score = -F.cosine_similarity(new, old, dim=-1) if self.metric == "cosine" else (new - old).norm(dim=-1)
-            self.counters.v_only += T - P
         return score.topk(n, -1).indices + P  # [B, n] least similar first
