@@ -159,3 +159,26 @@ def test_schedules():
     t = torch.linspace(1, 1e-3, 5)
     n = dream_count(T([8, 8, 3]), T([0, 2, 3]), 4, 1e-3)
     assert n.tolist() == [int(8 * (1 - t[1] / t[0])), int(8 * (1 - t[3] / t[2])), 3]  # the last step takes all
+
+
+def test_slowfast_positional_caching_through_the_cache_policy(dream):
+    """In SlowFast's fast stage the dual cache recomputes only the span: a new span is a refresh
+    point (one full forward), then steps run the span alone against cached K/V elsewhere."""
+    from dllm_core.cache import DualCache
+
+    widths = []
+
+    class Spy(DualCache):
+        def _window(self, model, ids, pos, at, keep):
+            widths.append(ids.shape[1])
+            return super()._window(model, ids, pos, at, keep)
+
+    prompts = [PROMPTS[0]]
+    cfg = GenerationConfig(gen_length=32, block_length=16, steps=32, sampler="slowfast:min_conf=0.02,var=4,k=3")
+    r = generate(dream, prompts, cfg, cache=Spy())
+    T = len(prompts[0]) + 32
+    spans = [w for w in widths if w < 16 + 1]  # narrower than block (+1 shifted row): fast-stage steps
+    assert spans, widths
+    assert widths.count(T) > 2  # refreshed at each block start and at each new span
+    assert 16 + 1 in widths  # slow-stage steps run the whole block (+ the shifted row)
+    assert not (r.tokens == dream.args.mask_token_id).any()
