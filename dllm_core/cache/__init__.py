@@ -1,10 +1,11 @@
 """Cache policies, selectable by name: ``make_cache("dllm:kp=50,kr=7,rho=0.25")``."""
 from ..options import parse_spec
 from .base import Canvas, CachePolicy, Counters
+from .canvas import CanvasCache
 from .dllm_cache import DLLMCache
 from .fast_dllm import DualCache, PrefixCache
 
-CACHES: dict[str, type[CachePolicy]] = {c.name: c for c in (CachePolicy, PrefixCache, DualCache, DLLMCache)}
+CACHES: dict[str, type[CachePolicy]] = {c.name: c for c in (CachePolicy, PrefixCache, DualCache, DLLMCache, CanvasCache)}
 
 
 def make_cache(spec: "str | CachePolicy") -> CachePolicy:

@@ -1,0 +1,206 @@
+"""dllm_core samplers as SGLang dLLM algorithms (``--dllm-algorithm SlowFast`` ...).
+
+SGLang calls ``step(forward_batch, full_logits, states)`` after every forward of a block:
+``input_ids`` [B * block] holds each request's block (prompt tail + masks + committed tokens),
+``full_logits`` [B * block, V] its logits. The adapter views them as [B, block], runs the
+dllm_core sampler exactly as the reference engine's loop does (``active`` / ``window`` /
+``step``, commits limited to active rows), writes the commits back into ``input_ids`` in place
+and reports per row whether the block *was* finished before this step (SGLang's contract: the
+forward after the last commit persists the block's K/V).
+
+Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in ``RowState`` objects:
+SGLang keeps one per request across scheduler rounds (``--dllm-fdfo``, the default) and batches
+change between rounds, so a step gathers its rows' slices into one batch state (no copy when the
+batch is unchanged) and the rows point into it afterwards.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar, List
+
+import torch
+
+from dllm_core.sampling import TokenContext
+
+from sglang.srt.dllm.algorithm.base import DllmAlgorithm
+from sglang.srt.dllm.config import DllmConfig
+
+from .options import AlgorithmOptions, read_yaml
+
+logger = logging.getLogger(__name__)
+
+
+class BlockState:
+    """The sampler state of a batch of rows: dllm_core's ``st`` dict (tensors [n, ...])."""
+
+    def __init__(self, st: dict, n: int):
+        self.st, self.n = st, n
+
+
+class RowState:
+    """One request's view into a ``BlockState`` + its dLLM-Cache step counter."""
+
+    __slots__ = ("block", "row", "step", "final")
+
+    def __init__(self, block: BlockState, row: int):
+        self.block, self.row = block, row
+        self.step = 0        # denoise forwards of this block so far (dLLM-Cache schedule)
+        self.final = False   # the block has no masks left: the next forward persists it (exact)
+
+
+def gather_rows(states: List[RowState]) -> dict:
+    """The batch state for ``states`` in order; re-points the rows at it. Host-side entries
+    (``steps``, ``L``, counters) follow the first row: this adapter ends a block by its masks."""
+    first = states[0].block
+    if first.n == len(states) and all(s.block is first and s.row == i for i, s in enumerate(states)):
+        return first.st
+    st = {k: torch.cat([s.block.st[k][s.row:s.row + 1] for s in states]) if isinstance(v, torch.Tensor) else v
+          for k, v in first.st.items()}
+    block = BlockState(st, len(states))
+    for i, s in enumerate(states):
+        s.block, s.row = block, i
+    return st
+
+
+class DllmCoreAlgorithm(DllmAlgorithm):
+    """Base adapter; subclasses name the dllm_core sampler (``sampler_name``)."""
+
+    sampler_name: ClassVar[str | None] = None
+
+    @classmethod
+    def options(cls, cfg: dict) -> AlgorithmOptions:
+        return AlgorithmOptions.parse(cls.__name__, cls.sampler_name, cfg)
+
+    @classmethod
+    def configure_server_args(cls, server_args) -> None:
+        """Launch-time: validate the YAML (fail before any worker starts) and turn off what
+        dLLM-Cache cannot run with (CUDA graphs; tensor parallelism is refused)."""
+        from sglang.srt.arg_groups.overrides import resolving_view
+
+        cfg = resolving_view(server_args)
+        path = cfg.dllm_algorithm_config
+        try:
+            opts = cls.options(read_yaml(path))
+        except ValueError as e:
+            raise ValueError(f"--dllm-algorithm-config {path}: {e}") from None
+        if opts.caching:
+            from .plugin import ARCHS, model_architecture
+
+            arch = model_architecture(server_args)
+            if arch not in ARCHS:
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs one of the "
+                                 f"dllm-serve models {list(ARCHS)}, got {arch}")
+            if cfg.tp_size > 1:
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs --tp-size 1 "
+                                 f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
+            disable_cuda_graphs(server_args, f"{cls.__name__}: dllm_cache (dLLM-Cache) has data-dependent shapes")
+
+    def __init__(self, config: DllmConfig):
+        super().__init__(config)
+        self.opts = self.options(config.algorithm_config or {})
+        self.sampler = self.opts.sampler
+        self.steps = self.opts.steps or self.block_size
+        self._tc: TokenContext | None = None
+
+    def max_steps(self, block_size: int) -> int:
+        """Forwards per block in the synchronous loop: every step commits >= 1 token, a
+        fixed schedule may take ``steps``; +1 for the forward that persists the block."""
+        return max(block_size, self.steps if self.sampler.fixed_steps else 0) + 1
+
+    def token_context(self, device) -> TokenContext:
+        if self._tc is None:
+            o = self.opts
+            gen = torch.Generator(device).manual_seed(o.seed)
+            self._tc = TokenContext(self.mask_id, o.temperature, o.top_p, o.top_k, generator=gen)
+        return self._tc
+
+    def masked(self, forward_batch) -> torch.Tensor:
+        """[B, block] positions still to denoise (prompt tokens excluded, literal masks too)."""
+        ids = forward_batch.input_ids.view(forward_batch.batch_size, self.block_size)
+        m = ids == self.mask_id
+        pm = forward_batch.dllm_prompt_mask
+        return m if pm is None else m & ~pm
+
+    def init_step_state(self, forward_batch) -> List[Any]:
+        B, dev = forward_batch.batch_size, forward_batch.input_ids.device
+        st = self.sampler.new_state(B, self.block_size, self.steps, dev)
+        self.sampler.begin_block(st, self.masked(forward_batch))
+        block = BlockState(st, B)
+        return [RowState(block, i) for i in range(B)]
+
+    def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
+        """dLLM-Cache: hand the model its cache policy and each row's denoise step
+        (``dllm_input_preparation_state``, CPU int64 [B]; -1 = persisting forward, exact)."""
+        if not self.opts.caching:
+            return
+        fc = getattr(model_runner.model, "feature_cache", None)
+        if fc is None:
+            raise ValueError(f"{type(self).__name__}.dllm_cache needs a dllm-serve model class (LLaDAModelLM, "
+                             f"DreamModel), got {type(model_runner.model).__name__}")
+        fc.configure(self.opts.cache)
+        forward_batch.dllm_input_preparation_state = torch.tensor([-1 if s.final else s.step for s in states])
+        for s in states:
+            s.step += not s.final
+
+    def step(self, forward_batch, full_logits: torch.Tensor, states: List[Any]) -> List[bool]:
+        """One sampler step on input_ids [B * L] with full_logits [B * L, V]: commits written into
+        input_ids in place; returns per row whether its block had no masks *before* the step."""
+        B, L = forward_batch.batch_size, self.block_size
+        ids = forward_batch.input_ids.view(B, L)
+        masked = self.masked(forward_batch)
+        done = (~masked.any(-1)).tolist()
+        if all(done):
+            return done
+        st = gather_rows(states)
+        active = self.sampler.active(st, masked)
+        lo, hi = self.sampler.window(st, active)
+        x = ids[:, lo:hi] if forward_batch.dllm_prompt_mask is None else torch.where(
+            masked[:, lo:hi] | (ids[:, lo:hi] != self.mask_id), ids[:, lo:hi], -1)  # hide literal prompt masks
+        x0, commit = self.sampler.step(full_logits.view(B, L, -1)[:, lo:hi], x, st, self.token_context(ids.device), lo)
+        commit &= active[:, None]
+        ids[:, lo:hi] = torch.where(commit, x0, ids[:, lo:hi])  # in place: forward_batch.input_ids
+        if self.opts.caching:  # rows left without masks: their next forward persists the block
+            for s, final in zip(states, (~self.masked(forward_batch).any(-1)).tolist()):
+                s.final = final
+        return done
+
+
+def disable_cuda_graphs(server_args, why: str) -> None:
+    """Turn CUDA graphs off for both phases (as SGLang does on HIP), with a warning."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
+
+    for phase in Phase.ALL:
+        graphs = resolving_view(server_args).cuda_graph_config
+        if graphs is not None and getattr(graphs, phase).backend != Backend.DISABLED:
+            logger.warning("dllm-serve: %s -> CUDA graphs disabled for the %s phase", why, phase)
+            declare_resolution(server_args, "dllm-serve", cuda_graph_config=with_phase(graphs, phase,
+                                                                                      backend=Backend.DISABLED))
+
+
+class SlowFast(DllmCoreAlgorithm):
+    """SlowFast sampling (dllm_core ``slowfast``): explore one token per step until the decodable
+    span is stable, then commit every confident token of the span in parallel."""
+
+    sampler_name = "slowfast"
+
+
+class FastDllmThreshold(DllmCoreAlgorithm):
+    """Fast-dLLM threshold rule (dllm_core ``threshold``): commit every masked position with
+    confidence >= ``tau`` (default 0.9), at least the most confident one."""
+
+    sampler_name = "threshold"
+
+
+class FastDllmFactor(DllmCoreAlgorithm):
+    """Fast-dLLM factor rule (dllm_core ``factor``): commit the largest n with
+    (n + 1)(1 - c_(n)) < ``f`` (default 1.0)."""
+
+    sampler_name = "factor"
+
+
+class DllmCore(DllmCoreAlgorithm):
+    """Any dllm_core sampler by spec: YAML ``sampler: "low_confidence"`` + ``steps`` (per block)."""
+
+
+ALGORITHMS = (SlowFast, FastDllmThreshold, FastDllmFactor, DllmCore)

@@ -1,0 +1,256 @@
+"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models.
+
+Written in SGLang's layer vocabulary: tensor-parallel linears, ``get_rope``, ``RMSNorm``,
+``RadixAttention`` with ``ENCODER_ONLY`` attention (the block's queries attend to the paged
+prefix K/V and to the whole block, bidirectionally) and a ``LogitsProcessor`` returning full
+logits. The architecture hyper-parameters and the checkpoint key names come from dllm_core
+(``parse_config``, ``hf_keys``): one source of truth with the reference engine.
+
+Serving semantics (SGLang's block decoding): a request runs one ``block_size`` block at a time;
+committed blocks are frozen in the paged KV cache. Two dllm_core features are layered on the
+plain forward:
+
+* dLLM-Cache (``feature_cache.py``) when the algorithm enables it: the block's per-layer
+  features are cached and only the positions whose V moved most are recomputed;
+* Dream's shifted logits (``prefix_row.py``): block position 0 is predicted from the final
+  hidden state of the last prefix position, which the block forward does not compute.
+"""
+from __future__ import annotations
+
+import functools
+import re
+from typing import Iterable
+
+import torch
+from torch import nn
+
+from dllm_core.models import ModelArgs
+from dllm_core.models import transformer as core
+
+from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.layernorm import RMSNorm
+from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.layers.radix_attention import AttentionType, RadixAttention
+from sglang.srt.layers.rotary_embedding import get_rope
+from sglang.srt.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_loader.weight_utils import default_weight_loader
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.utils import add_prefix
+
+from .configs import hf_dict
+from .feature_cache import FeatureCache
+from .prefix_row import PrefixRows
+
+
+class DiffusionMLP(nn.Module):
+    """SwiGLU: down(silu(gate(x)) * up(x)), gate/up fused into one column-parallel linear."""
+
+    def __init__(self, a: ModelArgs, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.gate_up_proj = MergedColumnParallelLinear(a.dim, [a.ffn_dim] * 2, bias=False, quant_config=quant_config,
+                                                       prefix=add_prefix("gate_up_proj", prefix))
+        self.down_proj = RowParallelLinear(a.ffn_dim, a.dim, bias=False, reduce_results=True,
+                                           quant_config=quant_config, prefix=add_prefix("down_proj", prefix))
+        self.act = SiluAndMul()
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        gate_up, _ = self.gate_up_proj(h)
+        out, _ = self.down_proj(self.act(gate_up))
+        return out
+
+
+class DiffusionAttention(nn.Module):
+    """Bidirectional attention over [paged prefix K/V ; the block] (``ENCODER_ONLY``)."""
+
+    def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
+        super().__init__()
+        tp = get_parallel().attn_tp_size
+        if a.n_heads % tp or (a.n_kv_heads >= tp and a.n_kv_heads % tp) or (a.n_kv_heads < tp and tp % a.n_kv_heads):
+            raise ValueError(f"--tp-size {tp} does not divide the model's {a.n_heads} heads / {a.n_kv_heads} KV heads")
+        self.head_dim = a.head_dim
+        self.n_heads, self.n_kv = a.n_heads // tp, max(1, a.n_kv_heads // tp)
+        self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
+        self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
+                                          quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
+                                          parallel_group="attn_tp")
+        self.o_proj = RowParallelLinear(a.n_heads * a.head_dim, a.dim, bias=False, reduce_results=True,
+                                        quant_config=quant_config, prefix=add_prefix("o_proj", prefix),
+                                        parallel_group="attn_tp")
+        self.rotary_emb = get_rope(a.head_dim, rotary_dim=a.head_dim, max_position=a.max_seq_len,
+                                   base=a.rope_theta)
+        self.attn = RadixAttention(self.n_heads, a.head_dim, a.head_dim ** -0.5, num_kv_heads=self.n_kv,
+                                   layer_id=layer_id, attn_type=AttentionType.ENCODER_ONLY,
+                                   prefix=add_prefix("attn", prefix))
+
+    def qkv(self, positions: torch.Tensor, h: torch.Tensor):
+        """Normed h [N, d] -> q [N, Hq*D], k [N, Hkv*D] (RoPE applied), v [N, Hkv*D]."""
+        qkv, _ = self.qkv_proj(h)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
+
+    def value(self, h: torch.Tensor) -> torch.Tensor:
+        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]."""
+        w = self.qkv_proj.weight[self.q_size + self.kv_size:]
+        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[self.q_size + self.kv_size:]
+        return nn.functional.linear(h, w, b)
+
+    def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
+        """Attention (writes k/v into the paged cache at ``out_cache_loc``) + output projection."""
+        out, _ = self.o_proj(self.attn(q, k, v, forward_batch))
+        return out
+
+
+class DiffusionLayer(nn.Module):
+    """Pre-norm block: out = x + attn(norm(x)) + ffn(norm(x + attn))."""
+
+    def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
+        super().__init__()
+        self.layer_id = layer_id
+        self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.self_attn = DiffusionAttention(a, layer_id, quant_config, add_prefix("self_attn", prefix))
+        self.ffn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.mlp = DiffusionMLP(a, quant_config, add_prefix("mlp", prefix))
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.ffn_norm(h))
+
+    def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:
+        a = self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)
+        h = x + a
+        return h + self.ffn(h)
+
+
+# dllm_core parameter name -> (SGLang parameter name, shard id) for the fused projections
+_FUSED = {"q_proj": ("self_attn.qkv_proj", "q"), "k_proj": ("self_attn.qkv_proj", "k"),
+          "v_proj": ("self_attn.qkv_proj", "v"), "gate_proj": ("mlp.gate_up_proj", 0),
+          "up_proj": ("mlp.gate_up_proj", 1)}
+_PLAIN = {"o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj", "attn_norm": "attn_norm",
+          "ffn_norm": "ffn_norm"}
+
+
+class DiffusionLMForSGLang(nn.Module):
+    """Shared body of the two architectures; ``core_cls`` is the dllm_core model class."""
+
+    core_cls: type[core.DiffusionLM] = core.DiffusionLM
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        if get_parallel().pp_group.world_size != 1:
+            raise ValueError(f"{type(self).__name__} does not support pipeline parallelism (--pp-size 1)")
+        self.config, self.quant_config = config, quant_config
+        self.args = a = self.core_cls.parse_config(hf_dict(config), "config.json")
+        self.embed = VocabParallelEmbedding(a.vocab_size, a.dim, quant_config=quant_config, prefix="embed")
+        self.layers = nn.ModuleList(DiffusionLayer(a, i, quant_config, f"layers.{i}") for i in range(a.n_layers))
+        self.norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.lm_head = ParallelLMHead(a.vocab_size, a.dim, quant_config=quant_config, prefix="lm_head")
+        self.logits_processor = LogitsProcessor(config, return_full_logits=True)
+        self.feature_cache = FeatureCache(self)
+        self.prefix_rows = PrefixRows(self) if self.core_cls.shift_logits else None
+
+    @property
+    def start_layer(self) -> int:
+        return 0
+
+    @property
+    def end_layer(self) -> int:
+        return self.args.n_layers
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.embed
+
+    def hidden(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
+        """Final-layer hidden states (before the final norm) of the block tokens: [N, d]."""
+        h = self.embed(input_ids) if input_embeds is None else input_embeds
+        if self.feature_cache.active(forward_batch):
+            return self.feature_cache.run(h, positions, forward_batch)
+        for layer in self.layers:
+            h = layer(positions, h, forward_batch)
+        return h
+
+    @torch.no_grad()
+    def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None):
+        prefix = self.prefix_rows.rows(positions, forward_batch) if self.prefix_rows is not None else None
+        h = self.norm(self.hidden(input_ids, positions, forward_batch, input_embeds))
+        if prefix is not None:  # Dream: one more logit row per request, for block position 0
+            h = torch.cat([h, self.norm(prefix)])
+        out = self.logits_processor(input_ids, h, self.lm_head, forward_batch)
+        if prefix is not None:
+            n = input_ids.shape[0]
+            out.full_logits = PrefixRows.shift(out.full_logits[:n], out.full_logits[n:])
+        return out
+
+    # ---- weights ---------------------------------------------------------------------------
+    @classmethod
+    @functools.cache
+    def _hf_patterns(cls):
+        """(regex over the HF name, dllm_core name template) from dllm_core's ``hf_keys``."""
+        return [(re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(\d+)") + "$"), name)
+                for name, hf in cls.core_cls.hf_keys.items()]
+
+    @classmethod
+    def core_name(cls, hf_name: str) -> str | None:
+        """HF checkpoint key -> dllm_core parameter name (``layers.3.q_proj.weight``), or None."""
+        for pat, tmpl in cls._hf_patterns():
+            m = pat.match(hf_name)
+            if m:
+                return tmpl.replace("{i}", m.group(1)) if m.groups() else tmpl
+        return None
+
+    @staticmethod
+    def sglang_name(name: str) -> tuple[str, object]:
+        """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
+        parts = name.split(".")
+        if parts[0] != "layers":
+            return name, None
+        i, proj, leaf = parts[1], parts[2], parts[3]
+        if proj in _FUSED:
+            target, shard = _FUSED[proj]
+            return f"layers.{i}.{target}.{leaf}", shard
+        return f"layers.{i}.{_PLAIN[proj]}.{leaf}", None
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load real HF checkpoint tensors (LLaDA / Dream key names) through each parameter's
+        SGLang ``weight_loader`` (TP sharding, fused QKV / gate-up)."""
+        params = dict(self.named_parameters())
+        loaded, unknown = set(), []
+        for hf_name, w in weights:
+            name = self.core_name(hf_name)
+            if name is None:
+                if "rotary_emb.inv_freq" not in hf_name:
+                    unknown.append(hf_name)
+                continue
+            if name == "embed.weight" and self.args.tied_embeddings:
+                self._load(params["lm_head.weight"], w, None)
+                loaded.add("lm_head.weight")
+            target, shard = self.sglang_name(name)
+            self._load(params[target], w, shard)
+            loaded.add(target)
+        if unknown:
+            raise ValueError(f"{type(self).__name__}: unexpected checkpoint keys {unknown[:5]}")
+        missing = sorted(set(params) - loaded)
+        if missing:
+            raise ValueError(f"{type(self).__name__}: checkpoint lacks {missing[:5]}")
+        return loaded
+
+    @staticmethod
+    def _load(param, w, shard) -> None:
+        loader = getattr(param, "weight_loader", default_weight_loader)
+        loader(param, w) if shard is None else loader(param, w, shard)
+
+
+class LLaDAModelLM(DiffusionLMForSGLang):
+    """LLaDA-8B Base / Instruct / 1.5 (logits not shifted)."""
+
+    core_cls = core.LLaDAModelLM
+
+
+class DreamModel(DiffusionLMForSGLang):
+    """Dream-v0-7B Base / Instruct (logit row i predicts position i + 1)."""
+
+    core_cls = core.DreamModel
+
+
+EntryClass = [LLaDAModelLM, DreamModel]

@@ -1,0 +1,143 @@
+"""``--dllm-algorithm-config`` YAML -> validated dllm_core objects.
+
+One YAML mapping per launch. Keys:
+
+* the sampler's own options, under dllm_core's names (SlowFast: ``min_conf, high, k, w_hist,
+  var, k_fast, stat, fallback, slow_commit_high``; FastDllmThreshold: ``tau``; FastDllmFactor:
+  ``f``; every sampler: ``confidence``) - or, for the generic ``DllmCore`` algorithm, ``sampler``:
+  a dllm_core spec (``"low_confidence"``, ``"slowfast:k=6,high=0.9"``) plus ``steps`` (denoising
+  steps per block for fixed-schedule samplers);
+* ``temperature``, ``top_p``, ``top_k``, ``seed``: proposal sampling (default greedy);
+* ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
+  first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
+* ``block_size``: read by SGLang itself (``DllmConfig``).
+
+Every value is validated by constructing the dllm_core object, so a bad option fails at launch
+(``configure_server_args``) with the option's name and its allowed values.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+from dllm_core.cache.canvas import CanvasCache
+from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
+
+DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
+HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
+CACHE_KEY = "dllm_cache"
+NOT_IN_SGLANG = ("graphs",)  # reference-engine knobs with no meaning inside SGLang
+
+
+def read_yaml(path: str | None) -> dict:
+    """The YAML mapping at ``path`` ({} when no config was given)."""
+    if path is None:
+        return {}
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise ValueError(f"--dllm-algorithm-config: {path} does not exist")
+    try:
+        cfg = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"--dllm-algorithm-config: {path} is not valid YAML: {e}") from None
+    if not isinstance(cfg, dict):
+        raise ValueError(f"--dllm-algorithm-config: {path} must hold a YAML mapping, got {type(cfg).__name__}")
+    return cfg
+
+
+def _check_type(value, typ: str, where: str):
+    ok = {"float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
+          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
+          "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str)}
+    base = typ.split("|")[0].strip()
+    if value is None and "None" in typ:
+        return value
+    if base in ok and not ok[base](value):
+        raise ValueError(f"{where} must be a {base}, got {value!r}")
+    return float(value) if base == "float" else value
+
+
+def options_of(cls, exclude=()) -> dict:
+    """The init fields of a dllm_core config dataclass, by name."""
+    return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
+
+
+def build(cls, opts: dict, where: str, also_allowed=(), exclude=()):
+    """``cls(**opts)`` for a dllm_core config dataclass: unknown keys, wrong types and the class's
+    own range / choice checks become errors naming ``where.<option>`` and the allowed values."""
+    fields = options_of(cls, exclude)
+    unknown = sorted(set(opts) - set(fields))
+    if unknown:
+        raise ValueError(f"{where} has no option {unknown[0]!r}; allowed: {sorted([*fields, *also_allowed])}")
+    kwargs = {k: _check_type(v, str(fields[k].type), f"{where}.{k}") for k, v in opts.items()}
+    try:
+        return cls(**kwargs)
+    except ValueError as e:  # dllm_core names its CLI flag; name the YAML key instead
+        raise ValueError(f"{where}: {str(e).replace('--sampler ', '').replace('--cache canvas.', '')}") from None
+
+
+@dataclass(frozen=True)
+class AlgorithmOptions:
+    """A parsed ``--dllm-algorithm-config`` for one algorithm."""
+
+    sampler: Sampler
+    cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
+    steps: int | None = None          # fixed-schedule samplers: denoising steps per block
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int = 0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_p is not None and not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k is not None and self.top_k < 1:
+            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        if self.steps is not None and self.steps < 1:
+            raise ValueError(f"steps must be >= 1, got {self.steps}")
+
+    @property
+    def caching(self) -> bool:
+        """Whether the dLLM-Cache feature cache runs (data-dependent: no CUDA graphs)."""
+        return self.cache is not None and not self.cache.exact
+
+    @classmethod
+    def parse(cls, algo: str, sampler_name: str | None, cfg: dict) -> "AlgorithmOptions":
+        """``sampler_name``: the dllm_core sampler behind a named algorithm (its options are the
+        YAML's top-level keys); None: the generic algorithm (``sampler: <spec>``)."""
+        cfg = dict(cfg)
+        for k in HOST_KEYS:
+            cfg.pop(k, None)
+        cache = cfg.pop(CACHE_KEY, None)
+        if cache is not None and not isinstance(cache, dict):
+            allowed = sorted(options_of(CanvasCache, NOT_IN_SGLANG))
+            raise ValueError(f"{algo}.{CACHE_KEY} must be a mapping of {allowed}")
+        decoding = {k: _check_type(cfg.pop(k), t, f"{algo}.{k}") for k, t in DECODING.items() if k in cfg}
+        if sampler_name is None:
+            sampler, steps = cls._generic(algo, cfg)
+        else:
+            sampler, steps = build(SAMPLERS[sampler_name], cfg, algo, [CACHE_KEY, *DECODING, *HOST_KEYS]), None
+        try:
+            return cls(sampler, None if cache is None else build(CanvasCache, cache, f"{algo}.{CACHE_KEY}",
+                                                                  exclude=NOT_IN_SGLANG), steps, **decoding)
+        except ValueError as e:
+            raise ValueError(f"{algo}: {e}") from None
+
+    @staticmethod
+    def _generic(algo: str, cfg: dict):
+        allowed = ["sampler", "steps", CACHE_KEY, *DECODING, *HOST_KEYS]
+        unknown = sorted(set(cfg) - {"sampler", "steps"})
+        if unknown:
+            raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")
+        spec = _check_type(cfg.get("sampler", "low_confidence"), "str", f"{algo}.sampler")
+        steps = _check_type(cfg.get("steps"), "int | None", f"{algo}.steps")
+        try:
+            sampler = make_sampler(spec)
+        except ValueError as e:
+            raise ValueError(f"{algo}.sampler: {str(e).replace('--sampler: ', '').replace('--sampler ', '')}") from None
+        return sampler, steps

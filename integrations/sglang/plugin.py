@@ -1,0 +1,139 @@
+"""The SGLang plugin (entry point ``sglang.srt.plugins: dllm``), executed by SGLang's
+``load_plugins()`` early in every process (launcher, scheduler, detokenizer).
+
+It changes no SGLang file; everything goes through SGLang's registries and its hook registry:
+
+* ``algo_name_to_cls``: ``SlowFast``, ``FastDllmThreshold``, ``FastDllmFactor``, ``DllmCore``;
+* ``AutoConfig``: the ``llada`` / ``Dream`` config classes (no ``--trust-remote-code``);
+* ``ModelRegistry.models``: ``LLaDAModelLM`` / ``DreamModel`` (BEFORE hook on
+  ``get_model_architecture``, so processes that never load a model never import model code);
+* ``DllmConfig.from_server_args`` (AROUND): the dLLM architecture table gains LLaDA-8B and
+  Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json);
+* ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
+  prefix position (``PrefixRows.expect``), which SGLang does not pass to the model;
+* ``handle_dllm_inference`` (AFTER): Dream turns CUDA graphs off (its prefix row is computed
+  from the paged cache with data-dependent shapes), with a warning;
+* the sibling module ``tokenswift.py``, if present, registers its speculative algorithm.
+"""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_BLOCK = 32
+ARCHS = ("LLaDAModelLM", "DreamModel")
+
+
+def register() -> None:
+    """Entry point: register algorithms, configs and hooks (idempotent)."""
+    from sglang.srt.plugins.hook_registry import HookRegistry, HookType
+
+    from .configs import register_configs
+
+    register_configs()
+    register_algorithms()
+    hooks = [("sglang.srt.dllm.config.DllmConfig.from_server_args", dllm_config, HookType.AROUND),
+             ("sglang.srt.model_loader.utils.get_model_architecture", register_models, HookType.BEFORE),
+             ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_last_prefix_ids,
+              HookType.AFTER),
+             ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER)]
+    for target, fn, kind in hooks:
+        if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
+            HookRegistry.register(target, fn, kind)
+    if importlib.util.find_spec(f"{__package__}.tokenswift") is not None:  # sibling: TokenSwift speculative
+        importlib.import_module(f"{__package__}.tokenswift").register()  # algorithm (last: its errors spare ours)
+
+
+def register_algorithms() -> None:
+    from sglang.srt.dllm.algorithm import algo_name_to_cls
+
+    from .algorithm import ALGORITHMS
+
+    for cls in ALGORITHMS:
+        algo_name_to_cls[cls.__name__] = cls
+
+
+def register_models(*args, **kwargs) -> None:
+    """BEFORE ``get_model_architecture``: put our model classes into SGLang's registry."""
+    from sglang.srt.models.registry import ModelRegistry
+
+    from .models import DreamModel, LLaDAModelLM
+
+    for cls in (LLaDAModelLM, DreamModel):
+        ModelRegistry.models[cls.__name__] = cls
+
+
+def model_architecture(server_args) -> str | None:
+    """``architectures[0]`` of the served model's config (SGLang's ModelConfig: overrides applied)."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.configs.model_config import ModelConfig
+
+    cfg = resolving_view(server_args)
+    hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
+    return (getattr(hf, "architectures", None) or [None])[0]
+
+
+def dllm_config(original, server_args):
+    """AROUND ``DllmConfig.from_server_args``: LLaDA-8B / Dream rows of the architecture table;
+    every other architecture goes to SGLang's own table."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.configs.model_config import ModelConfig
+    from sglang.srt.dllm.algorithm import get_algorithm_cls
+    from sglang.srt.dllm.config import DllmConfig
+
+    from .options import read_yaml
+
+    cfg = resolving_view(server_args)
+    if cfg.dllm_algorithm is None:
+        return original(server_args)
+    hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
+    arch = (getattr(hf, "architectures", None) or [None])[0]
+    if arch not in ARCHS:
+        return original(server_args)
+    mask_id = getattr(hf, "mask_token_id", None)
+    if not isinstance(mask_id, int):
+        raise ValueError(f"{arch}: config.json has no integer mask_token_id (LLaDA-8B: 126336, Dream: 151666); "
+                         f"pass --json-model-override-args '{{\"mask_token_id\": ...}}'")
+    algorithm_cls = get_algorithm_cls(cfg.dllm_algorithm)
+    if algorithm_cls.supported_architectures and arch not in algorithm_cls.supported_architectures:
+        raise ValueError(f"{cfg.dllm_algorithm} does not support model architecture {arch}")
+    algorithm_config = read_yaml(cfg.dllm_algorithm_config)
+    block_size = algorithm_config.get("block_size", DEFAULT_BLOCK)
+    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"--dllm-algorithm-config: block_size must be an integer >= 1, got {block_size!r}")
+    return DllmConfig(
+        algorithm=cfg.dllm_algorithm, algorithm_config=algorithm_config, block_size=block_size, mask_id=mask_id,
+        max_running_requests=1 if cfg.max_running_requests is None else cfg.max_running_requests,
+        first_done_first_out_mode=cfg.dllm_fdfo,
+        requires_separate_context_encoding=algorithm_cls.requires_separate_context_encoding,
+        capture_input_preparation=(algorithm_cls.capture_input_preparation
+                                   and algorithm_config.get("capture_input_preparation", True)))
+
+
+def add_last_prefix_ids(forward_batch, cls, batch, model_runner, *args, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: hand a model that asks for it (Dream) the token at
+    position block_offset - 1 of each request (0 where the block starts the sequence)."""
+    rows = getattr(getattr(model_runner, "model", None), "prefix_rows", None)
+    if rows is None or batch.dllm_config is None or not forward_batch.forward_mode.is_dllm_extend():
+        return forward_batch
+    import torch
+
+    ids = [int(r.full_untruncated_fill_ids[r.dllm_block_offset - 1]) if r.dllm_block_offset > 0 else 0
+           for r in batch.reqs]
+    rows.expect(forward_batch.req_pool_indices.tolist(),
+                torch.tensor(ids, dtype=torch.long).to(model_runner.device, non_blocking=True))
+    return forward_batch
+
+
+def dream_launch_checks(result, server_args, *args, **kwargs):
+    """AFTER ``handle_dllm_inference``: no CUDA graphs for Dream."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    from .algorithm import disable_cuda_graphs
+
+    if resolving_view(server_args).dllm_algorithm is not None and model_architecture(server_args) == "DreamModel":
+        disable_cuda_graphs(server_args, "DreamModel: the prefix row of the shifted logits has data-dependent shapes")
+    return result

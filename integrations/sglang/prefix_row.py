@@ -1,0 +1,96 @@
+"""Dream's shifted logits in SGLang's block forward.
+
+Dream predicts position i from the logit row of position i - 1, so block position 0 needs the
+row of the last prefix position s - 1, which SGLang's block forward does not compute. Following
+the block-canvas semantics of dllm_core (``CanvasCache``), that row is the final hidden state of
+position s - 1 as the forward that committed it computed it: its query attends to the paged K/V
+of positions [0, s) - exactly what is in SGLang's KV cache. It is recomputed once per block from
+the paged cache (one query per layer) and kept per request slot, tagged with the position and the
+slot's generation (``ReqToTokenPool.req_generation``) so a reused slot never sees a stale row.
+
+The token id at s - 1 is not in the ForwardBatch; the plugin's hook on ``ForwardBatch.init_new``
+hands it to the model (``PrefixRows.expect``) together with the batch's request slots, which the
+forward checks (SGLang's runners forward a ``dataclasses.replace`` copy of the batch, so extra
+ForwardBatch attributes would not survive).
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+
+def pool_attention(q: torch.Tensor, req_idx: torch.Tensor, kv_len: list[int], attn) -> torch.Tensor:
+    """One query per request over its paged K/V [0, kv_len): q [n, Hq*D] -> [n, Hq*D]."""
+    pool, T = get_token_to_kv_pool(), max(kv_len)
+    if pool.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"DreamModel: the prefix row needs an unquantized KV cache, got --kv-cache-dtype {pool.dtype}")
+    slots = get_req_to_token_pool().req_to_token[req_idx, :T].long()  # [n, T]
+    k = pool.get_key_buffer(attn.layer_id)[slots].to(q.dtype)  # [n, T, Hkv, D]
+    v = pool.get_value_buffer(attn.layer_id)[slots].to(q.dtype)
+    keep = torch.arange(T, device=q.device)[None] < torch.tensor(kv_len, device=q.device)[:, None]  # [n, T]
+    qh = q.view(q.shape[0], attn.tp_q_head_num, 1, attn.head_dim)
+    o = F.scaled_dot_product_attention(qh, k.transpose(1, 2), v.transpose(1, 2), attn_mask=keep[:, None, None],
+                                       scale=attn.scaling, enable_gqa=attn.tp_q_head_num != attn.tp_k_head_num)
+    return o.flatten(1)
+
+
+class PrefixRows:
+    """Final hidden state of each request's last prefix position, per request slot."""
+
+    def __init__(self, model):
+        self.model = model
+        self.h: torch.Tensor | None = None  # [S, d]
+        self.tag: torch.Tensor | None = None  # [S, 2] (position, slot generation), CPU
+        self.pending: tuple[list[int], torch.Tensor] | None = None  # (slots, last prefix token ids [B])
+
+    def expect(self, slots: list[int], ids: torch.Tensor) -> None:
+        """The next forward's request slots and the token id at each one's position s - 1."""
+        self.pending = (list(slots), ids)
+
+    def rows(self, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor | None:
+        """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0), or None outside
+        a dLLM block forward."""
+        if not fb.forward_mode.is_dllm_extend():
+            return None
+        B = fb.batch_size
+        pool = get_req_to_token_pool()
+        if self.h is None:
+            S = pool.req_to_token.shape[0]
+            self.h = self.model.embed.weight.new_zeros(S, self.model.args.dim)
+            self.tag = torch.full((S, 2), -1, dtype=torch.long)
+        starts = positions.view(B, -1)[:, 0].tolist()
+        slots = fb.req_pool_indices.tolist()
+        gens = pool.req_generation[slots].tolist()
+        need = [b for b in range(B) if starts[b] > 0 and self.tag[slots[b]].tolist() != [starts[b] - 1, gens[b]]]
+        if need:
+            if self.pending is None or self.pending[0] != slots:
+                raise RuntimeError("DreamModel: no last-prefix token ids for this batch; the dllm-serve SGLang plugin's "
+                                   "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
+            self._recompute(self.pending[1][need], [starts[b] - 1 for b in need], [slots[b] for b in need])
+            for b in need:
+                self.tag[slots[b]] = torch.tensor([starts[b] - 1, gens[b]])
+        h = self.h[fb.req_pool_indices.long()]
+        return torch.where(torch.tensor(starts, device=h.device)[:, None] > 0, h, 0)
+
+    def _recompute(self, ids: torch.Tensor, pos: list[int], slots: list[int]) -> None:
+        """Run positions ``pos`` (tokens ``ids``) through every layer against the paged K/V [0, pos]."""
+        m = self.model
+        p = torch.tensor(pos, device=ids.device)
+        req = torch.tensor(slots, device=ids.device)
+        x = m.embed(ids)
+        for layer in m.layers:
+            att = layer.self_attn
+            q, _, _ = att.qkv(p, layer.attn_norm(x))
+            a, _ = att.o_proj(pool_attention(q, req, [i + 1 for i in pos], att.attn))
+            x = x + a
+            x = x + layer.ffn(x)
+        self.h[req] = x
+
+    @staticmethod
+    def shift(raw: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
+        """Block logits [B*L, V] + prefix-row logits [B, V] -> Dream's shifted rows [B*L, V]."""
+        B = prefix.shape[0]
+        blk = raw.view(B, -1, raw.shape[-1])
+        return torch.cat([prefix[:, None], blk[:, :-1]], 1).flatten(0, 1)

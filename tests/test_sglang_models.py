@@ -1,0 +1,120 @@
+"""LLaDA / Dream as SGLang dLLM models on CPU: built and loaded by SGLang's model loader (the
+plugin's registry hook, real HF key names), run through RadixAttention + SGLang's torch-native
+attention backend over a real paged KV pool, and decoded by the algorithms' real ``run`` loops.
+
+The oracle is dllm_core: the plain bidirectional forward (logits), and ``generate`` with the
+``canvas`` cache policy - the block-canvas semantics of a paged host, optionally with
+response-side dLLM-Cache - which SGLang reproduces exactly when the prompt fills one block.
+"""
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from integrations.sglang.algorithm import FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
+from integrations.sglang.testing import BlockDriver, CpuModelRunner, Row, load_sglang_model  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+
+L = 8
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    load_plugins()  # registers the model classes (hook on get_model_architecture) and configs
+    return {a: build_tiny_checkpoint(tmp_path_factory.mktemp(f"sg_{a}"), a) for a in ("llada", "dream")}
+
+
+@pytest.fixture(scope="module")
+def models(ckpt):
+    return {a: (load_sglang_model(d), load_model(d)) for a, d in ckpt.items()}
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_weights_load_through_sglang_loader(models, arch):
+    """Every SGLang parameter (fused QKV / gate-up included) holds the checkpoint's tensor."""
+    sg, ref = models[arch]
+    assert type(sg).__name__ == type(ref).__name__
+    mine = dict(sg.named_parameters())
+    for name, p in ref.named_parameters():
+        target, shard = sg.sglang_name(name)
+        got = mine[target]
+        if shard is not None:
+            a = sg.layers[0].self_attn
+            sizes = {"q": (0, a.q_size), "k": (a.q_size, a.kv_size), "v": (a.q_size + a.kv_size, a.kv_size),
+                     0: (0, ref.args.ffn_dim), 1: (ref.args.ffn_dim, ref.args.ffn_dim)}[shard]
+            got = got.narrow(0, *sizes)
+        assert torch.equal(got, p), name
+
+
+def test_unknown_checkpoint_key_is_an_error(models):
+    sg, _ = models["llada"]
+    with pytest.raises(ValueError, match="unexpected checkpoint keys.*blocks.0.attn_q"):
+        sg.load_weights([("model.transformer.blocks.0.attn_q.weight", torch.zeros(1))])
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_bidirectional_forward_matches_dllm_core(models, arch):
+    """One block holding whole sequences (no prefix): SGLang's logits = dllm_core's forward
+    (Dream's rows shifted by one: row i predicts position i + 1)."""
+    sg, ref = models[arch]
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=2)
+    ids = torch.randint(10, 250, (2, 16), generator=torch.Generator().manual_seed(0))
+    drv = BlockDriver(None, runner, block_size=16)
+    rows = [Row(r.tolist(), 0, runner.alloc_slot()) for r in ids]
+    out = runner.forward(drv.batch(rows, ids.tolist())).logits_output.full_logits.view(2, 16, -1)
+    want = ref(ids, torch.arange(16).expand(2, 16), None)
+    if ref.shift_logits:
+        out, want = out[:, 1:], want[:, :-1]
+    torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
+
+
+CASES = [(FastDllmThreshold, {"tau": 0.5}, "threshold:tau=0.5", "canvas", False),
+         (SlowFast, {}, "slowfast", "canvas", True),
+         (FastDllmThreshold, {"tau": 0.7, "dllm_cache": {"kr": 3, "rho": 0.25}}, "threshold:tau=0.7",
+          "canvas:kr=3,rho=0.25", True),
+         (FastDllmFactor, {"dllm_cache": {"kr": 2, "rho": 0.5, "select": "key", "first_layer": False}}, "factor",
+          "canvas:kr=2,rho=0.5,select=key,first_layer=false", False)]
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+@pytest.mark.parametrize("cls,cfg,spec,cache,fdfo", CASES, ids=[f"{c[0].__name__}-{c[3]}-{'fdfo' if c[4] else 'sync'}"
+                                                             for c in CASES])
+def test_generation_matches_canvas_reference(models, arch, cls, cfg, spec, cache, fdfo):
+    """Two requests, prompt = one block, 2 blocks generated: token for token the reference."""
+    sg, ref = models[arch]
+    mask = ref.args.mask_token_id
+    prompts = [[20 + i for i in range(L)], [40 + 3 * i for i in range(L)]]
+    algo = cls(DllmConfig(cls.__name__, cfg, L, mask, 4, first_done_first_out_mode=fdfo))
+    out = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=2)).generate(prompts, 2 * L, mask)
+    want = generate(ref, prompts, GenerationConfig(gen_length=2 * L, block_length=L, sampler=spec, cache=cache))
+    assert out == want.tokens.tolist()
+    if cache != "canvas":  # the cache is live: the exact semantics decode differently here
+        exact = generate(ref, prompts, GenerationConfig(gen_length=2 * L, block_length=L, sampler=spec, cache="canvas"))
+        assert exact.tokens.tolist() != out
+        assert sg.feature_cache.rows == {}  # every block was persisted: no request holds cache rows
+        assert sg.feature_cache.bufs[0]["a"].shape[:2] == (4, L)  # rows for requests in flight, not per slot
+
+
+def test_dream_prefix_row_once_per_block_and_slot_reuse(models):
+    """Dream's row for block position 0 is computed once per block (then reused across steps) and
+    never leaks into the next request of a reused slot (generation-tagged)."""
+    sg, ref = models["dream"]
+    mask = ref.args.mask_token_id
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=1)  # one slot: the second request reuses it
+    algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.9}, L, mask, 1))
+    calls = []
+    orig = sg.prefix_rows._recompute
+    sg.prefix_rows._recompute = lambda ids, pos, slots: (calls.append(list(pos)), orig(ids, pos, slots))
+    try:
+        for prompt in ([20 + i for i in range(L)], [90 - 2 * i for i in range(L)]):
+            out = BlockDriver(algo, runner).generate([prompt], 2 * L, mask)
+            cfg = GenerationConfig(gen_length=2 * L, block_length=L, sampler="threshold:tau=0.9", cache="canvas")
+            want = generate(ref, [prompt], cfg)
+            assert out == want.tokens.tolist()
+    finally:
+        sg.prefix_rows._recompute = orig
+    assert calls == [[L - 1], [2 * L - 1]] * 2  # per request: blocks at L and 2L; steps reuse it

@@ -1,0 +1,168 @@
+"""The SGLang plugin: discovered through the ``sglang.srt.plugins`` entry point by SGLang's own
+loader in a fresh process, and launch-time validation through SGLang's real server-args
+resolution (``ServerArgs.resolve_once`` -> ``handle_dllm_inference`` -> the algorithm's
+``configure_server_args`` and the ``DllmConfig`` architecture table)."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
+from sglang.srt.dllm.algorithm import algo_name_to_cls, get_algorithm  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+from integrations.sglang.plugin import add_last_prefix_ids  # noqa: E402
+from integrations.sglang.prefix_row import PrefixRows  # noqa: E402
+from sglang.srt.model_executor.cuda_graph_config import Backend  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+OURS = ["DllmCore", "FastDllmFactor", "FastDllmThreshold", "SlowFast"]
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    load_plugins()
+    return {a: str(build_tiny_checkpoint(tmp_path_factory.mktemp(f"plug_{a}"), a)) for a in ("llada", "dream")}
+
+
+def test_entry_point_registers_everything_in_a_fresh_process(ckpt, tmp_path):
+    """A new interpreter, SGLang's ``load_plugins()``: algorithms, hooks and configs are live."""
+    (tmp_path / "a.yaml").write_text("block_size: 16\nk: 4\n")
+    code = textwrap.dedent(f"""
+        import json
+        from sglang.srt.dllm.algorithm import algo_name_to_cls
+        before = sorted(algo_name_to_cls)
+        from sglang.srt.plugins import load_plugins
+        load_plugins()
+        from sglang.srt.dllm.config import DllmConfig
+        from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+        from sglang.srt.model_loader import utils
+        from sglang.srt.server_args import ServerArgs
+        from transformers import AutoConfig
+        cfg = DllmConfig.from_server_args(ServerArgs(model_path={ckpt['dream']!r}, dllm_algorithm="SlowFast",
+                                                     dllm_algorithm_config={str(tmp_path / 'a.yaml')!r}))
+        print(json.dumps(dict(
+            before=before, after=sorted(algo_name_to_cls),
+            module=algo_name_to_cls["SlowFast"].__module__,
+            wrapped=[hasattr(f, "__wrapped__") for f in (DllmConfig.from_server_args, ForwardBatch.init_new,
+                                                           utils.get_model_architecture)],
+            config=type(AutoConfig.from_pretrained({ckpt['llada']!r})).__name__,
+            dllm=[cfg.algorithm, cfg.block_size, cfg.mask_id, cfg.algorithm_config])))
+    """)
+    env = {k: v for k, v in os.environ.items() if k != "SGLANG_PLUGINS"}
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert res.returncode == 0, res.stderr[-3000:]
+    got = json.loads(res.stdout.strip().splitlines()[-1])
+    assert not set(OURS) & set(got["before"])
+    assert set(OURS) <= set(got["after"]) and "LowConfidence" in got["after"]
+    assert got["module"] == "integrations.sglang.algorithm"
+    assert got["wrapped"] == [True, True, True]
+    assert got["config"] == "LLaDAConfig"
+    mask = json.load(open(os.path.join(ckpt["dream"], "config.json")))["mask_token_id"]
+    assert got["dllm"] == ["SlowFast", 16, mask, {"block_size": 16, "k": 4}]
+
+
+def resolved(model, algo, yaml_text, tmp_path, **kw):
+    (tmp_path / "algo.yaml").write_text(yaml_text)
+    sa = ServerArgs(model_path=model, dllm_algorithm=algo, dllm_algorithm_config=str(tmp_path / "algo.yaml"),
+                    device="cpu", **kw)
+    sa.resolve_once()
+    return sa
+
+
+def graphs_off(sa) -> list[bool]:
+    g = resolving_view(sa).cuda_graph_config
+    return [g.decode.backend == Backend.DISABLED, g.prefill.backend == Backend.DISABLED]
+
+
+def test_launch_llada_with_dllm_cache(ckpt, tmp_path, caplog):
+    """LLaDA-8B through SGLang's launch resolution: our architecture row (block size from the
+    YAML, mask id from config.json, page size aligned to it) and dLLM-Cache turning CUDA graphs
+    off loudly; the scheduler-side algorithm is built from the same config."""
+    sa = resolved(ckpt["llada"], "SlowFast", "block_size: 8\nk: 4\ndllm_cache: {kr: 3, rho: 0.25}\n", tmp_path)
+    assert graphs_off(sa) == [True, True]
+    assert "CUDA graphs disabled" in caplog.text
+    assert resolving_view(sa).page_size == 8
+    cfg = DllmConfig.from_server_args(sa)
+    mask = json.load(open(os.path.join(ckpt["llada"], "config.json")))["mask_token_id"]
+    assert (cfg.block_size, cfg.mask_id) == (8, mask)
+    algo = get_algorithm(cfg)
+    assert type(algo) is algo_name_to_cls["SlowFast"]
+    assert (algo.sampler.k, algo.opts.cache.kr, algo.opts.cache.rho) == (4, 3, 0.25)
+
+
+def test_launch_graphs_stay_on_without_cache_and_off_for_dream(ckpt, tmp_path):
+    """(SGLang captures dLLM blocks in the decode phase; prefill graphs are off by default.)"""
+    assert graphs_off(resolved(ckpt["llada"], "FastDllmThreshold", "tau: 0.8\n", tmp_path))[0] is False
+    assert graphs_off(resolved(ckpt["dream"], "FastDllmThreshold", "tau: 0.8\n", tmp_path)) == [True, True]
+
+
+BAD = [("SlowFast", "k: 0", r"SlowFast: slowfast\.k must be >= 1, got 0"),
+       ("SlowFast", "tau: 0.5", r"SlowFast has no option 'tau'; allowed: \[.*'high', 'k', 'k_fast'.*'temperature'"),
+       ("SlowFast", "stat: median", r"slowfast\.stat must be one of \['std', 'var'\], got 'median'"),
+       ("SlowFast", "high: yes", r"SlowFast\.high must be a float, got True"),
+       ("FastDllmThreshold", "tau: 1.5", r"threshold\.tau must be in \[0\.0, 1\.0\], got 1\.5"),
+       ("FastDllmThreshold", "tau: high", r"FastDllmThreshold\.tau must be a float, got 'high'"),
+       ("FastDllmFactor", "f: 0", r"factor\.f must be > 0, got 0"),
+       ("FastDllmThreshold", "dllm_cache: {rho: 2}", r"FastDllmThreshold\.dllm_cache: rho must be in \[0\.0, 1\.0\]"),
+       ("FastDllmThreshold", "dllm_cache: {kp: 50}",
+        r"dllm_cache has no option 'kp'; allowed: \['first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
+       ("FastDllmThreshold", "dllm_cache: {select: query}", r"select must be one of \['key', 'random', 'value'\]"),
+       ("FastDllmThreshold", "dllm_cache: 7", r"dllm_cache must be a mapping of \['first_layer', 'kr'"),
+       ("DllmCore", "sampler: nope", r"DllmCore\.sampler: unknown policy 'nope'; allowed: \[.*'slowfast'"),
+       ("DllmCore", "sampler: 'slowfast:k=x'", r"DllmCore\.sampler: .*cannot parse 'x' as int"),
+       ("DllmCore", "steps: 0", r"steps must be >= 1, got 0"),
+       ("SlowFast", "temperature: -1", r"temperature must be >= 0, got -1"),
+       ("SlowFast", "[1, 2]", r"must hold a YAML mapping, got list"),
+       ("SlowFast", "block_size: 0", r"block_size must be an integer >= 1, got 0")]
+
+
+@pytest.mark.parametrize("algo,text,message", BAD, ids=[f"{a}-{t}" for a, t, _ in BAD])
+def test_bad_options_fail_at_launch(ckpt, tmp_path, algo, text, message):
+    with pytest.raises(ValueError, match=message):
+        resolved(ckpt["llada"], algo, text + "\n", tmp_path)
+
+
+def test_dllm_cache_refusals(ckpt, tmp_path):
+    """dLLM-Cache needs one of our model classes and --tp-size 1: refused at launch otherwise."""
+    (tmp_path / "c.yaml").write_text("dllm_cache: {kr: 2}\n")
+    args = dict(dllm_algorithm="SlowFast", dllm_algorithm_config=str(tmp_path / "c.yaml"))
+    with pytest.raises(ValueError, match="needs --tp-size 1"):
+        algo_name_to_cls["SlowFast"].configure_server_args(ServerArgs(model_path=ckpt["llada"], tp_size=2, **args))
+    qwen = tmp_path / "qwen"
+    qwen.mkdir()
+    (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+                                                  "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
+                                                  "intermediate_size": 128, "vocab_size": 320}))
+    with pytest.raises(ValueError, match=r"dllm_cache needs one of the dllm-serve models "
+                                         r"\['LLaDAModelLM', 'DreamModel'\], got Qwen2ForCausalLM"):
+        algo_name_to_cls["SlowFast"].configure_server_args(ServerArgs(model_path=str(qwen), **args))
+
+
+def test_last_prefix_ids_hook():
+    """The ForwardBatch hook hands Dream's model the token before each block (0 at position 0),
+    with the batch's slots; other models and forward modes are left alone."""
+    reqs = [SimpleNamespace(dllm_block_offset=o, full_untruncated_fill_ids=list(range(100, 140))) for o in (0, 8, 32)]
+    batch = SimpleNamespace(dllm_config=object(), reqs=reqs)
+
+    def fb(mode):
+        return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor([5, 2, 7]))
+
+    dream = SimpleNamespace(model=SimpleNamespace(prefix_rows=PrefixRows(None)), device="cpu")
+    add_last_prefix_ids(fb(ForwardMode.EXTEND), None, batch, dream)
+    assert dream.model.prefix_rows.pending is None
+    add_last_prefix_ids(fb(ForwardMode.DLLM_EXTEND), None, batch, dream)
+    slots, ids = dream.model.prefix_rows.pending
+    assert (slots, ids.tolist()) == ([5, 2, 7], [0, 107, 131])
+    llada = SimpleNamespace(model=SimpleNamespace(prefix_rows=None), device="cpu")
+    assert add_last_prefix_ids(fb(ForwardMode.DLLM_EXTEND), None, batch, llada).forward_mode == ForwardMode.DLLM_EXTEND
