@@ -8,7 +8,10 @@ import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
 # modules that register a subcommand through `add_parser(subparsers)`
-SUBCOMMANDS = ["dllm_core.demo"]
+SUBCOMMANDS = ["dllm_core.demo", "dllm_core.stepbench", "dllm_core.train.mdm", "dllm_core.tasks.evaluate",
+               "dllm_core.train.ar", "dllm_core.bench"]
+SUBCOMMANDS += ["dllm_core.drafters.cli"]  # DFlash: train-dflash, bench-dflash
+SUBCOMMANDS += ["dllm_core.drafters.tokenswift.cli"]  # TokenSwift: train-tokenswift, bench-long
 
 
 def add_generation_args(p: argparse.ArgumentParser) -> None:

@@ -1,82 +1,83 @@
-"""``dllm demo``: the main job on the embedded default - every sampler x cache policy on a
-locally built checkpoint (or ``--model``), with NFE, work and speed relative to the vanilla loop
-and agreement with it, all measured in one run."""
+"""``dllm demo``: the main job. With the shipped task model (``models/llada-tasks``) or ``--model``, it
+shows a few generations on test-split prompts and the quick ``dllm bench`` table: accuracy per task,
+NFE per token, speed and agreement relative to the vanilla loop for every sampler x cache policy, all
+measured in one run. Without a trained model (or with ``--random``) it builds tiny random LLaDA and
+Dream checkpoints and compares the policies on fixed prompts (agreement instead of accuracy)."""
 from __future__ import annotations
 
 import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_SAMPLERS = ["low_confidence", "threshold:tau=0.9", "factor:f=1.0", "slowfast"]
-DEFAULT_CACHES = ["none", "prefix", "dual", "dllm:kp=50,kr=7,rho=0.25"]
+from .bench import DEFAULT_CACHES, DEFAULT_MODEL, DEFAULT_SAMPLERS, QUICK, Workload, markdown, run_grid, \
+    task_workloads
+
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
+SHOW = 2  # generations shown per task
 
 
 def add_parser(sub) -> None:
     from .cli import add_generation_args
 
-    d = sub.add_parser("demo", help="run every sampler x cache policy and print a comparison table")
-    d.add_argument("--model", default=None, help="checkpoint dir (default: build tiny LLaDA and Dream)")
-    d.add_argument("--samplers", default=",".join(DEFAULT_SAMPLERS).replace(",", ";"),
-                   help="';'-separated sampler specs")
-    d.add_argument("--caches", default=";".join(DEFAULT_CACHES), help="';'-separated cache specs")
+    d = sub.add_parser("demo", help="generations of the shipped model and every sampler x cache policy compared")
+    d.add_argument("--model", default=None, help=f"checkpoint dir (default: {DEFAULT_MODEL.name} when shipped, "
+                                                 "else tiny random LLaDA and Dream)")
+    d.add_argument("--random", action="store_true", help="use tiny random checkpoints even if a model is shipped")
+    d.add_argument("--samplers", default=DEFAULT_SAMPLERS, help="';'-separated sampler specs")
+    d.add_argument("--caches", default=DEFAULT_CACHES, help="';'-separated cache specs")
+    d.add_argument("--tasks", default=QUICK["tasks"], help="';'-separated task specs (trained model)")
+    d.add_argument("--n", type=int, default=QUICK["n"], help="test examples per task (trained model)")
     d.add_argument("--repeat", type=int, default=1, help="timed repetitions per policy (median)")
-    add_generation_args(d)
+    add_generation_args(d)  # canvas of the random-checkpoint comparison
     d.set_defaults(func=cmd_demo, gen_length=64, block_length=16, steps=64)
 
 
-def run_table(model, prompts: list[list[int]], base_cfg, samplers, caches, repeat=1) -> list[dict]:
-    """Generate with every (sampler, cache); ratios are against low_confidence + none of the same run."""
-    from dataclasses import replace
+def task_demo(a, d: Path) -> None:
+    """Generations on test prompts (vanilla loop) and the quick bench table of a task-suite model."""
+    from . import load_model, load_tokenizer
+    from .cli import decode, stop_ids, torch_dtype
+    from .tasks import parse_tasks
+    from .tasks.evaluate import generate_batched
 
-    from . import generate
-
-    def timed(cfg):
-        runs = [generate(model, prompts, cfg) for _ in range(repeat)]
-        return sorted(runs, key=lambda r: r.seconds)[len(runs) // 2]
-
-    generate(model, prompts, replace(base_cfg, sampler="low_confidence", cache="none"))  # warm-up
-    base = timed(replace(base_cfg, sampler="low_confidence", cache="none"))
-    rows = []
-    for s in samplers:
-        for c in caches:
-            r = timed(replace(base_cfg, sampler=s, cache=c))
-            rows.append({"sampler": s, "cache": c, "nfe": sum(r.nfe) / len(r.nfe),
-                         "nfe_per_token": sum(r.nfe) / r.tokens.numel() * len(r.nfe),
-                         "work_ratio": r.counters.ratio(), "tokens_per_s": r.tokens_per_second,
-                         "speedup": base.seconds / r.seconds,
-                         "agreement": (r.tokens == base.tokens).float().mean().item(),
-                         "cache_mib": r.counters.cache_bytes / 2**20})
-    return rows
+    t0 = time.perf_counter()
+    model, tok = load_model(d, a.device, torch_dtype(a.dtype)), load_tokenizer(d)
+    print(f"## {type(model).__name__} from {d} (loaded in {time.perf_counter() - t0:.1f}s)")
+    wls = task_workloads(tok, parse_tasks(a.tasks), a.n, a.seed)
+    stop = stop_ids(tok, model)
+    for wl in wls:
+        out = generate_batched(model, wl.prompts[:SHOW], wl.cfg)
+        for ex, ids in zip(wl.examples, out.tokens):
+            text = decode(tok, ids, stop)
+            mark = "ok" if wl.task.score(text, ex) else "WRONG"
+            print(f"> [{wl.name}] ...{ex.prompt[-70:]!r}\n  {text!r}  [{mark}]")
+    rows = run_grid(model, tok, wls, a.samplers.split(";"), a.caches.split(";"), repeat=a.repeat)
+    print(markdown(rows))
 
 
-def markdown(rows: list[dict]) -> str:
-    head = "| sampler | cache | NFE | NFE/token | work vs none | tok/s | speedup | agreement | cache MiB |"
-    lines = [head, "|" + "---|" * 9]
-    for r in rows:
-        lines.append(f"| {r['sampler']} | {r['cache']} | {r['nfe']:.1f} | {r['nfe_per_token']:.3f} | "
-                     f"{r['work_ratio']:.3f} | {r['tokens_per_s']:.1f} | {r['speedup']:.2f}x | "
-                     f"{r['agreement']:.3f} | {r['cache_mib']:.2f} |")
-    return "\n".join(lines)
+def random_demo(a) -> None:
+    """Policies compared on fixed prompts with tiny random LLaDA and Dream checkpoints."""
+    from . import encode_prompt, load_model, load_tokenizer
+    from .cli import generation_config, torch_dtype
+    from .testing import build_tiny_checkpoint
+
+    for n in ("llada", "dream"):
+        d = build_tiny_checkpoint(Path(tempfile.mkdtemp()) / n, n, n_layers=4, dim=128, ffn=256)
+        model, tok = load_model(d, a.device, torch_dtype(a.dtype)), load_tokenizer(d)
+        prompts = [encode_prompt(tok, p, chat=bool(tok.chat_template)) for p in PROMPTS]
+        print(f"\n## {type(model).__name__} (random weights) from {d}")
+        wl = Workload("prompts", prompts, generation_config(a, tok))
+        rows = run_grid(model, tok, [wl], a.samplers.split(";"), a.caches.split(";"), batch_size=len(prompts),
+                        repeat=a.repeat)
+        print(markdown(rows))
 
 
 def cmd_demo(a) -> int:
-    from . import encode_prompt, load_model, load_tokenizer
-    from .cli import decode, generation_config, stop_ids, torch_dtype
-    from .testing import build_tiny_checkpoint
+    from .cli import generation_config
 
-    base_cfg = generation_config(a)
-    dirs = [Path(a.model)] if a.model else [build_tiny_checkpoint(Path(tempfile.mkdtemp()) / n, n, n_layers=4,
-                                                                  dim=128, ffn=256) for n in ("llada", "dream")]
-    for d in dirs:
-        t0 = time.perf_counter()
-        model, tok = load_model(d, a.device, torch_dtype(a.dtype)), load_tokenizer(d)
-        prompts = [encode_prompt(tok, p, chat=bool(tok.chat_template)) for p in PROMPTS]
-        print(f"\n## {type(model).__name__} from {d} (loaded in {time.perf_counter() - t0:.1f}s)")
-        rows = run_table(model, prompts, base_cfg, a.samplers.split(";"), a.caches.split(";"), a.repeat)
-        from . import generate
-        res = generate(model, prompts, generation_config(a, tok))
-        for p, ids in zip(PROMPTS, res.tokens.tolist()):
-            print(f"> {p}\n  {decode(tok, ids, stop_ids(tok, model))!r}")
-        print(markdown(rows))
+    generation_config(a)  # validate the canvas options first
+    d = Path(a.model) if a.model else DEFAULT_MODEL
+    if a.random or (a.model is None and not (d / "config.json").is_file()):
+        random_demo(a)
+    else:
+        task_demo(a, d)
     return 0

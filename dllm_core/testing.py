@@ -24,13 +24,16 @@ CORPUS = ["The quick brown fox jumps over the lazy dog.", "What is 12 plus 30? T
 
 
 def build_tokenizer(out_dir: str | Path, flavor: str = "llada", corpus: list[str] | None = None,
-                    vocab_size: int = 320, extra_specials: list[str] = ()) -> dict[str, int]:
-    """Train a byte-level BPE, write tokenizer.json + tokenizer_config.json; return special ids."""
+                    vocab_size: int = 320, extra_specials: list[str] = (), split_digits: bool = False) -> dict[str, int]:
+    """Train a byte-level BPE, write tokenizer.json + tokenizer_config.json; return special ids.
+    ``split_digits`` makes every digit its own token (no number merges)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     specials = (LLADA_SPECIALS if flavor == "llada" else DREAM_SPECIALS) + list(extra_specials)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    if split_digits:
+        tok.pre_tokenizer = pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), tok.pre_tokenizer])
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=specials, show_progress=False,
                                   initial_alphabet=pre_tokenizers.ByteLevel.alphabet())

@@ -1,0 +1,232 @@
+"""``dllm train-tokenswift``: train the gamma residual heads on a frozen causal target.
+
+1. Data: the target's own free-running greedy continuations (``--gen-tokens`` each, stop tokens banned, as
+   in a long generation) of training prompts (task-suite train split or a prompt file) - the heads learn
+   what the target will write, not a dataset. Cached in ``<out>/tokenswift_data.pt`` for resumption.
+2. The frozen target's final hidden states of every sequence are computed once (in memory).
+3. Every step: ``--batch`` random positions p of the generated parts; head i (1..gamma) predicts token
+   p+1+i through the target's frozen LM head; loss = sum_i w^(i-1) CE_i / sum_i w^(i-1) (``--decay``).
+4. AdamW + warmup/cosine in the shared loop (``train/loop.py``): tqdm bar, ``--resume`` continues exactly
+   (positions depend only on (seed, step)). The heads land in ``--out`` (``heads.save_heads`` format).
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass(frozen=True)
+class TokenSwiftTrainConfig:
+    """Every knob of one heads training run (field names follow ``train/loop.py``'s contract)."""
+
+    target: str
+    out: str
+    tasks: str = "count:span=2000"   # prompt source (train split) unless prompts_file
+    prompts_file: str | None = None  # JSONL ({"prompt": ...} per line) or plain text, one prompt a line
+    num_prompts: int = 32
+    chat: bool = True
+    gen_tokens: int = 2048           # free-running continuation per prompt
+    num_heads: int = 3               # gamma
+    batch: int = 512                 # positions per step
+    decay: float = 0.8               # weight of head i is decay^(i-1)
+    steps: int = 1500
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 50
+    weight_decay: float = 0.0
+    clip: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    save_every: int = 250
+    eval_every: int = 250
+    regen_batch: int = 16
+    keep_data: bool = False
+    resume: bool = False
+    time_limit: float = 0.0          # seconds; stop early (state saved, --resume continues), 0 = none
+
+    def __post_init__(self):
+        for n in ("num_prompts", "gen_tokens", "num_heads", "batch", "steps", "save_every", "regen_batch"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
+        for n in ("warmup", "eval_every", "time_limit"):
+            if getattr(self, n) < 0:
+                raise ValueError(f"--{n.replace('_', '-')} must be >= 0, got {getattr(self, n)}")
+        if self.gen_tokens <= self.num_heads + 1:
+            raise ValueError(f"--gen-tokens must exceed --num-heads + 1, got {self.gen_tokens}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--lr must be > 0 and --min-lr-ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
+        if not 0 < self.decay <= 1:
+            raise ValueError(f"--decay must be in (0, 1], got {self.decay}")
+        if self.device.split(":")[0] not in ("cpu", "cuda"):
+            raise ValueError(f"--device must be one of ['cpu', 'cuda'], got {self.device!r}")
+
+    @property
+    def data_path(self) -> Path:
+        return Path(self.out) / "tokenswift_data.pt"
+
+    def fingerprint(self) -> dict:
+        d = asdict(self)
+        for k in ("resume", "save_every", "eval_every", "device", "out", "regen_batch", "keep_data", "time_limit"):
+            d.pop(k)
+        return d
+
+
+# --- data ---------------------------------------------------------------------------------------------------
+def read_prompts(cfg: TokenSwiftTrainConfig) -> list[str]:
+    from ...train.dflash import read_prompts as dflash_prompts
+
+    return dflash_prompts(cfg)  # same sources and formats as train-dflash (fields: prompts_file, tasks, ...)
+
+
+@torch.inference_mode()
+def free_run(target, prompts: list[list[int]], gen_tokens: int, banned: list[int], batch_size: int,
+             progress=None) -> list[list[int]]:
+    """Greedy continuations of exactly ``gen_tokens`` tokens with ``banned`` ids suppressed (equal-length
+    prompts batched together, so no padding can perturb the greedy path)."""
+    from collections import defaultdict
+
+    by_len: dict[int, list[int]] = defaultdict(list)
+    for i, p in enumerate(prompts):
+        by_len[len(p)].append(i)
+    out: list[list[int] | None] = [None] * len(prompts)
+    for length, idx in sorted(by_len.items()):
+        for s in range(0, len(idx), batch_size):
+            rows = idx[s:s + batch_size]
+            ids = torch.tensor([prompts[i] for i in rows], device=target.device)
+            gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_tokens,
+                                  min_new_tokens=gen_tokens, do_sample=False, suppress_tokens=banned or None,
+                                  eos_token_id=None, pad_token_id=0)[:, length:]
+            for i, row in zip(rows, gen.tolist()):
+                out[i] = row
+            if progress is not None:
+                progress.update(len(rows))
+    return out
+
+
+def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
+    """(prompt, continuation) id lists, cached in ``<out>/tokenswift_data.pt``."""
+    from tqdm import tqdm
+
+    from ...tokenizer import encode_prompt
+    from ...train.dflash import stop_ids
+
+    key = {k: getattr(cfg, k) for k in ("target", "tasks", "prompts_file", "num_prompts", "chat", "gen_tokens",
+                                        "seed")}
+    if cfg.data_path.is_file():
+        data = torch.load(cfg.data_path, weights_only=True)
+        if data["key"] == key:
+            return data
+    prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
+    with tqdm(total=len(prompts), desc="free-run", dynamic_ncols=True) as bar:
+        gens = free_run(target, prompts, cfg.gen_tokens, stop_ids(tok, target.config), cfg.regen_batch, bar)
+    data = {"key": key, "prompts": prompts, "generations": gens}
+    Path(cfg.out).mkdir(parents=True, exist_ok=True)
+    torch.save(data, cfg.data_path)
+    return data
+
+
+@torch.inference_mode()
+def hidden_states(target, data: dict) -> tuple[torch.Tensor, ...]:
+    """-> hidden [S, L, H] (final norm, float32), tokens [S, L], start [S] (first generated position),
+    end [S] (sequence lengths)."""
+    from tqdm import tqdm
+
+    seqs = [p + g for p, g in zip(data["prompts"], data["generations"])]
+    width = max(map(len, seqs))
+    tokens = torch.zeros(len(seqs), width, dtype=torch.long)
+    hidden = torch.zeros(len(seqs), width, target.config.hidden_size)
+    for i, s in enumerate(tqdm(seqs, desc="hidden states", dynamic_ncols=True)):
+        ids = torch.tensor([s], device=target.device)
+        tokens[i, : len(s)] = ids[0].cpu()
+        hidden[i, : len(s)] = target.get_decoder()(input_ids=ids).last_hidden_state[0].float().cpu()
+    start = torch.tensor([len(p) for p in data["prompts"]])
+    return hidden, tokens, start, torch.tensor([len(s) for s in seqs])
+
+
+def positions_at(step: int, cfg: TokenSwiftTrainConfig, start: torch.Tensor, end: torch.Tensor):
+    """Deterministic (sequence, position) pairs of one step: p in [start-1, end-gamma-2] (h at p predicts
+    p+1; head i needs p+1+i)."""
+    g = torch.Generator().manual_seed((cfg.seed * 1_000_003 + step) % 2**63)
+    seq = torch.randint(len(start), (cfg.batch,), generator=g)
+    lo = start[seq] - 1
+    hi = end[seq] - cfg.num_heads - 1  # exclusive
+    pos = lo + (torch.rand(cfg.batch, generator=g) * (hi - lo)).long()
+    return seq, pos
+
+
+def heads_loss(heads, lm_head, hidden, tokens, seq, pos, cfg: TokenSwiftTrainConfig) -> tuple[torch.Tensor, list]:
+    """Weighted CE of heads 1..gamma at the given positions; also each head's top-1 accuracy."""
+    dev = cfg.device
+    h0 = hidden[seq, pos].to(dev)  # [B, H]
+    logits = heads.logits(h0, lm_head)[:, 1:].float()  # [B, gamma, V]
+    offs = torch.arange(2, cfg.num_heads + 2)  # head i predicts p + 1 + i
+    labels = tokens[seq[:, None], pos[:, None] + offs].to(dev)  # [B, gamma]
+    ce = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none").view(labels.shape)
+    w = cfg.decay ** torch.arange(cfg.num_heads, device=dev, dtype=torch.float32)
+    loss = (ce.mean(0) * w).sum() / w.sum()
+    acc = (logits.argmax(-1) == labels).float().mean(0).tolist()
+    return loss, acc
+
+
+def run(cfg: TokenSwiftTrainConfig) -> dict:
+    """Free-run data (cached), hidden states, train, write the heads to ``cfg.out``."""
+    from ...tokenizer import load_tokenizer
+    from ...train.loop import train
+    from ..target import load_target
+    from .heads import HeadsConfig, TokenSwiftHeads, save_heads
+
+    torch.manual_seed(cfg.seed)
+    target = load_target(cfg.target, cfg.device)
+    tok = load_tokenizer(cfg.target)
+    data = build_data(cfg, target, tok)
+    hidden, tokens, start, end = hidden_states(target, data)
+    lm_head = target.get_output_embeddings()
+    heads = TokenSwiftHeads(HeadsConfig.for_target(target.config, cfg.num_heads)).to(cfg.device)
+    held = positions_at(-1, cfg, start, end)
+
+    def loss_fn(step: int):
+        seq, pos = positions_at(step, cfg, start, end)
+        loss, _ = heads_loss(heads, lm_head, hidden, tokens, seq, pos, cfg)
+        return loss, cfg.batch
+
+    def eval_fn() -> dict:
+        with torch.no_grad():
+            loss, acc = heads_loss(heads, lm_head, hidden, tokens, *held, cfg)
+        return {"eval_loss": float(loss), **{f"acc_head{i + 1}": a for i, a in enumerate(acc)}}
+
+    summary = train(cfg, heads, loss_fn, eval_fn, desc="train-tokenswift")
+    summary.update(eval_fn())
+    save_heads(heads, cfg.out)
+    if not cfg.keep_data and summary["steps"] == cfg.steps:  # stopped early (--time-limit): keep for --resume
+        cfg.data_path.unlink(missing_ok=True)
+    return summary
+
+
+# --- CLI ------------------------------------------------------------------------------------------------------
+def add_parser(sub) -> None:
+    p = sub.add_parser("train-tokenswift", help="train TokenSwift's gamma residual heads on a frozen causal target")
+    p.add_argument("--target", required=True, help="local transformers causal LM directory (with tokenizer)")
+    p.add_argument("--out", required=True, help="output heads directory (config.json + model.safetensors)")
+    for name, val in asdict(TokenSwiftTrainConfig(target="", out="")).items():
+        if name in ("target", "out"):
+            continue
+        flag = "--" + name.replace("_", "-")
+        if isinstance(val, bool):
+            p.add_argument(flag if not val else "--no-" + name.replace("_", "-"),
+                           action="store_true" if not val else "store_false", dest=name)
+        else:
+            p.add_argument(flag, type=type(val) if val is not None else str, default=val)
+    p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(a) -> int:
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    cfg = TokenSwiftTrainConfig(**{f.name: getattr(a, f.name) for f in fields(TokenSwiftTrainConfig)})
+    print(json.dumps(run(cfg)))
+    return 0

@@ -1,0 +1,107 @@
+"""CLI options and setup shared by ``dllm train-mdm`` and ``dllm train-ar``."""
+from __future__ import annotations
+
+import argparse
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from .config import TrainConfig
+from .tokenizer import build_task_tokenizer
+
+
+def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
+    d = defaults
+    p.add_argument("--out", required=True, help="output checkpoint dir (HF layout + tokenizer)")
+    p.add_argument("--tasks", default=d.tasks, help="';'-separated task specs trained on")
+    p.add_argument("--batch", default=d.batch, help="examples of each task per step, comma-separated")
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup", type=int, default=d.warmup)
+    p.add_argument("--weight-decay", type=float, default=d.weight_decay)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--device", default=d.device, help="cpu or cuda")
+    p.add_argument("--threads", type=int, default=None,
+                   help="CPU threads for torch (1 is fastest on a busy shared machine; default: torch's choice)")
+    p.add_argument("--dim", type=int, default=d.dim)
+    p.add_argument("--layers", type=int, default=d.n_layers)
+    p.add_argument("--heads", type=int, default=d.n_heads)
+    p.add_argument("--kv-heads", type=int, default=d.n_kv_heads)
+    p.add_argument("--ffn", type=int, default=d.ffn)
+    p.add_argument("--max-len", type=int, default=d.max_len, help="max sequence length of the model")
+    p.add_argument("--save-every", type=int, default=d.save_every, help="steps between resumable checkpoints")
+    p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between test evaluations (0: off)")
+    p.add_argument("--eval-n", type=int, default=d.eval_n, help="test examples per task at each evaluation")
+    p.add_argument("--save-dtype", default=d.save_dtype, help="bfloat16 or float32 weights on disk")
+    p.add_argument("--resume", action="store_true", help="continue from <out>/train_state.pt")
+    p.add_argument("--init", default=None, help="start from the weights of this checkpoint dir (same sizes and "
+                                                 "tokenizer): fine-tuning / continuing a finished run")
+    p.add_argument("--t-sampling", default=d.t_sampling,
+                   help="masked-diffusion noise levels per batch: stratified (low-discrepancy) or iid")
+    p.add_argument("--time-limit", type=float, default=0.0,
+                   help="seconds: stop early once exceeded, saving the model and a resumable checkpoint (0: none)")
+
+
+def train_config(a: argparse.Namespace) -> TrainConfig:
+    if a.threads is not None:
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
+    return TrainConfig(out=a.out, tasks=a.tasks, batch=a.batch, steps=a.steps, lr=a.lr, warmup=a.warmup,
+                       weight_decay=a.weight_decay, seed=a.seed, device=a.device, dim=a.dim, n_layers=a.layers,
+                       n_heads=a.heads, n_kv_heads=a.kv_heads, ffn=a.ffn, max_len=a.max_len,
+                       save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
+                       save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit,
+                       init=a.init, t_sampling=a.t_sampling)
+
+
+def setup(cfg: TrainConfig):
+    """Tokenizer written into ``cfg.out`` and loaded back; seeds set. -> (tok, special ids incl. vocab)."""
+    from ..tasks.evaluate import special_ids
+    from ..tokenizer import load_tokenizer
+
+    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError("--device cuda: no CUDA device is available")
+    torch.manual_seed(cfg.seed)
+    raw = build_task_tokenizer(cfg.out, cfg.vocab_size, cfg.seed)
+    if cfg.init and (Path(cfg.init) / "tokenizer.json").read_bytes() != (Path(cfg.out) / "tokenizer.json").read_bytes():
+        raise ValueError(f"--init {cfg.init}: its tokenizer differs from the one this run builds (seed/vocab size)")
+    tok = load_tokenizer(cfg.out)
+    return tok, {**special_ids(tok), "vocab_size": raw["vocab_size"], "raw": raw}
+
+
+def init_from(model: torch.nn.Module, cfg: TrainConfig, state: dict[str, torch.Tensor]) -> None:
+    """Copy ``state`` (names of ``model.state_dict()``) into ``model``; sizes must match exactly."""
+    own = model.state_dict()
+    bad = sorted(k for k in own if k not in state or state[k].shape != own[k].shape)
+    if bad or set(state) - set(own):
+        raise ValueError(f"--init {cfg.init}: weights do not match the configured model (e.g. {bad[:3]}); "
+                         f"use the same --dim/--layers/--heads/--kv-heads/--ffn")
+    with torch.no_grad():
+        for k, v in own.items():
+            v.copy_(state[k].to(v.dtype))
+
+
+def step_generator(cfg: TrainConfig, step: int) -> torch.Generator:
+    """Masking / noise randomness of one step (a function of seed and step only)."""
+    return torch.Generator(cfg.device).manual_seed(cfg.seed * 1_000_003 + step)
+
+
+def eval_fn(cfg: TrainConfig, run):
+    """Accuracy on the first ``eval_n`` test examples of each task; ``run(task, examples)`` -> TaskRun."""
+    # the test distribution of each trained task (count: at most 50 numbers, a long span takes minutes)
+    tasks = [t.test_variant() for t in cfg.task_list()]
+    tasks = [replace(t, span=min(t.span, 50)) if t.name == "count" else t for t in tasks]
+
+    def fn() -> dict:
+        return {t.name: run(t, t.examples("test", cfg.eval_n)).accuracy for t in tasks}
+    return fn
+
+
+def dtype_of(cfg: TrainConfig) -> torch.dtype:
+    return getattr(torch, cfg.save_dtype)
+
+
+def out_dir(cfg: TrainConfig) -> Path:
+    return Path(cfg.out)

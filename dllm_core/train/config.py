@@ -1,0 +1,84 @@
+"""TrainConfig: every knob of one training run, validated once in ``__post_init__``."""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from ..tasks import parse_tasks
+
+DEVICES = ("cpu", "cuda")
+T_SAMPLING = ("iid", "stratified")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Model sizes, optimisation and the task mixture. ``tasks`` is a ``;``-separated list of task
+    specs and ``batch`` the number of examples of each task in every optimizer step (one int per task)."""
+
+    out: str
+    tasks: str = "arithmetic;sort;retrieval:min_pairs=4"
+    batch: str = "32,16,2"
+    steps: int = 2000
+    lr: float = 2e-3
+    min_lr_ratio: float = 0.1
+    warmup: int = 100
+    weight_decay: float = 0.1
+    clip: float = 1.0
+    seed: int = 0
+    device: str = "cpu"
+    dim: int = 192
+    n_layers: int = 6
+    n_heads: int = 6
+    n_kv_heads: int | None = None
+    ffn: int = 512
+    max_len: int = 4096
+    vocab_size: int = 512
+    save_every: int = 200
+    eval_every: int = 0
+    eval_n: int = 32
+    save_dtype: str = "bfloat16"
+    resume: bool = False
+    time_limit: float = 0.0  # seconds; stop early (saving everything) once exceeded, 0 = none
+    init: str | None = None  # start from this checkpoint's weights (same sizes) instead of a random init
+    t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
+
+    def __post_init__(self):
+        tasks = parse_tasks(self.tasks)
+        sizes = self.batch_sizes
+        if len(sizes) != len(tasks) or any(b < 1 for b in sizes):
+            raise ValueError(f"--batch needs one positive int per task ({len(tasks)}), got {self.batch!r}")
+        for n in ("steps", "dim", "n_layers", "n_heads", "ffn", "max_len", "save_every", "vocab_size"):
+            if getattr(self, n) < 1:
+                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
+        for n in ("warmup", "eval_every", "eval_n", "time_limit"):
+            if getattr(self, n) < 0:
+                raise ValueError(f"--{n.replace('_', '-')} must be >= 0, got {getattr(self, n)}")
+        if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
+            raise ValueError(f"--dim {self.dim} must be divisible by --heads {self.n_heads} into an even head "
+                             f"size (RoPE)")
+        if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
+            raise ValueError(f"--kv-heads must divide --heads {self.n_heads}, got {self.n_kv_heads}")
+        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--lr must be > 0 and min_lr_ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
+        if self.t_sampling not in T_SAMPLING:
+            raise ValueError(f"--t-sampling must be one of {list(T_SAMPLING)}, got {self.t_sampling!r}")
+        if self.save_dtype not in ("float32", "bfloat16"):
+            raise ValueError(f"--save-dtype must be one of ['bfloat16', 'float32'], got {self.save_dtype!r}")
+
+    @property
+    def batch_sizes(self) -> list[int]:
+        try:
+            return [int(b) for b in self.batch.split(",")]
+        except ValueError:
+            raise ValueError(f"--batch must be comma-separated ints, got {self.batch!r}") from None
+
+    def task_list(self):
+        return parse_tasks(self.tasks)
+
+    def fingerprint(self) -> dict:
+        """Fields a resumed run must share with the checkpoint it continues."""
+        d = asdict(self)
+        for k in ("resume", "save_every", "eval_every", "eval_n", "device", "out", "time_limit"):
+            d.pop(k)
+        return d

@@ -1,0 +1,115 @@
+"""The shared training loop: AdamW, warmup + cosine LR, gradient clipping, tqdm, and a resumable
+checkpoint (model + optimizer state + step, ``<out>/train_state.pt``, removed once the run finishes)
+that makes a resumed run equal an uninterrupted one."""
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import torch
+from tqdm import tqdm
+
+from .config import TrainConfig
+
+STATE = "train_state.pt"
+
+
+def lr_at(cfg: TrainConfig, step: int) -> float:
+    """Linear warmup to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at ``steps``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    frac = (step - cfg.warmup) / max(cfg.steps - cfg.warmup, 1)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
+
+
+def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW; weight decay on matrices only (not norms / biases)."""
+    decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
+    return torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
+
+
+def state_path(cfg: TrainConfig) -> Path:
+    return Path(cfg.out) / STATE
+
+
+def save_state(path: Path, model, opt, step: int, cfg: TrainConfig) -> None:
+    """Atomic write of everything a resumed run needs."""
+    tmp = path.with_suffix(".tmp")
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": cfg.fingerprint()},
+               tmp)
+    os.replace(tmp, path)
+
+
+def load_state(path: Path, model, opt, cfg: TrainConfig) -> int:
+    """Restore model + optimizer from ``path``; returns the step to continue from."""
+    st = torch.load(path, map_location=cfg.device, weights_only=True)
+    if st["config"] != cfg.fingerprint():
+        diff = sorted(k for k in cfg.fingerprint() if st["config"].get(k) != cfg.fingerprint()[k])
+        raise ValueError(f"--resume: {path} was written with different settings ({', '.join(diff)})")
+    model.load_state_dict(st["model"])
+    opt.load_state_dict(st["opt"])
+    return int(st["step"])
+
+
+def train(cfg: TrainConfig, model: torch.nn.Module, loss_fn: Callable[[int], tuple[torch.Tensor, int]],
+          eval_fn: Callable[[], dict] | None = None, desc: str = "train") -> dict:
+    """Run steps [start, cfg.steps): ``loss_fn(step) -> (loss, tokens)``. Returns a summary dict
+    (also appended to ``<out>/train_log.jsonl`` with every evaluation)."""
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    opt, start = make_optimizer(model, cfg), 0
+    path = state_path(cfg)
+    if cfg.resume and path.is_file():
+        start = load_state(path, model, opt, cfg)
+    elif path.is_file():
+        raise ValueError(f"--out {out} holds a checkpoint ({STATE}); pass --resume to continue it or use a new dir")
+    model.train()
+    log = (out / "train_log.jsonl").open("a")
+    t0, tokens, ema, done = time.perf_counter(), 0, None, start
+    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, dynamic_ncols=True)
+    for step in bar:
+        for g in opt.param_groups:
+            g["lr"] = lr_at(cfg, step)
+        loss, n = loss_fn(step)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.clip)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        tokens += n
+        val = loss.item()
+        ema = val if ema is None else 0.98 * ema + 0.02 * val
+        bar.set_postfix(loss=f"{ema:.4f}", lr=f"{lr_at(cfg, step):.2e}",
+                        tok_s=f"{tokens / (time.perf_counter() - t0):.0f}")
+        done = step + 1
+        late = cfg.time_limit > 0 and time.perf_counter() - t0 > cfg.time_limit
+        if done % cfg.save_every == 0 or done == cfg.steps or late:
+            save_state(path, model, opt, done, cfg)
+        if eval_fn and cfg.eval_every and (done % cfg.eval_every == 0 or done == cfg.steps or late):
+            model.eval()
+            try:
+                acc = eval_fn()
+            except Exception as e:  # a failing evaluation must not cost the training run
+                acc = {"eval_error": float("nan")}
+                bar.write(f"step {done}: evaluation failed: {type(e).__name__}: {e}")
+            model.train()
+            bar.write(f"step {done}: loss {ema:.4f} " + " ".join(f"{k} {v:.3f}" for k, v in acc.items()))
+            log.write(json.dumps({"step": done, "loss": ema, **acc}) + "\n")
+            log.flush()
+        if late and done < cfg.steps:
+            bar.write(f"--time-limit {cfg.time_limit:.0f}s reached at step {done}/{cfg.steps}; "
+                      f"continue with --resume")
+            break
+    if done == cfg.steps:
+        path.unlink(missing_ok=True)  # finished: the shipped weights are the artefact, not the optimizer state
+    summary = {"steps": done, "planned_steps": cfg.steps, "start": start, "seconds": time.perf_counter() - t0,
+               "loss_ema": ema, "tokens": tokens}
+    log.write(json.dumps(summary) + "\n")
+    log.close()
+    model.eval()
+    return summary

@@ -1,0 +1,94 @@
+"""Accuracy of a LLaDA-architecture checkpoint on a task's test split: served by vLLM vs the
+embedded reference engine with the same policy (and vanilla LLaDA decoding for comparison).
+
+    # CPU (test-only harness runs vLLM's Model Runner V2 under Triton's interpreter):
+    PYTHONPATH=tests/vllm_harness python examples/vllm_eval_tasks.py --model models/llada-tasks \\
+        --task arithmetic --n 200 --sampler low_confidence
+    # GPU: the same without PYTHONPATH (add --dtype bfloat16 to match a bf16 deployment)
+
+Prints one JSON object: accuracies (vLLM, reference ``canvas`` policy, vanilla ``none``), the
+token agreement of vLLM with the canvas reference, and of the canvas semantics with vanilla.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from dllm_core import load_model, load_tokenizer
+from dllm_core.cli import decode, stop_ids
+from dllm_core.tasks import make_task
+from dllm_core.tasks.evaluate import generate_batched, prompts_of, task_config
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    toks = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / max(sum(map(len, a)), 1)
+    return {"tokens": round(toks, 4), "rows": round(sum(ra == rb for ra, rb in zip(a, b)) / max(len(a), 1), 4)}
+
+
+def score(task, tok, stop, examples, rows: list[list[int]]) -> float:
+    return sum(task.score(decode(tok, r, stop), e) for r, e in zip(rows, examples)) / max(len(examples), 1)
+
+
+def run_vllm(args, task, prompts, steps_per_block: int) -> tuple[list[list[int]], float]:
+    from vllm import LLM, SamplingParams
+
+    dllm = {"sampler": args.sampler, "cache": args.cache, "steps": steps_per_block, "block_length": task.block_length}
+    llm = LLM(model=args.model, tokenizer=args.model, dtype=args.dtype, enforce_eager=True,
+              max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, seed=0,
+              diffusion_config={"canvas_length": args.blocks * task.block_length}, additional_config={"dllm": dllm})
+    sp = SamplingParams(max_tokens=task.gen_length, ignore_eos=True)
+    t = time.perf_counter()
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sp, use_tqdm=False)
+    return [list(o.outputs[0].token_ids) for o in outs], time.perf_counter() - t
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True)
+    p.add_argument("--task", default="arithmetic")
+    p.add_argument("--n", type=int, default=200, help="test examples")
+    p.add_argument("--sampler", default="low_confidence")
+    p.add_argument("--cache", default="none", help="vLLM cache option (none | dllm:...)")
+    p.add_argument("--blocks", type=int, default=1, help="task blocks per vLLM canvas (canvas_length = blocks x "
+                   "the task's block length; gen_length / block_length = the whole response in one canvas)")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-model-len", type=int, default=512)
+    p.add_argument("--max-num-seqs", type=int, default=32)
+    p.add_argument("--out", help="also write the JSON result here")
+    args = p.parse_args()
+
+    task, tok = make_task(args.task), load_tokenizer(args.model)
+    model = load_model(args.model, dtype=getattr(torch, args.dtype))
+    examples = task.examples("test", args.n)
+    prompts, stop = prompts_of(tok, examples), stop_ids(tok, model)
+    from dataclasses import replace
+
+    from dllm_core.cache.canvas import CanvasCache
+
+    canvas_cfg = task_config(task, args.sampler, replace(CanvasCache.from_spec(args.cache), blocks=args.blocks))
+    vanilla_cfg = task_config(task, args.sampler, "none")
+    ref = generate_batched(model, prompts, canvas_cfg, batch_size=32)
+    van = generate_batched(model, prompts, vanilla_cfg, batch_size=32)
+    got, seconds = run_vllm(args, task, prompts, canvas_cfg.steps_per_block)
+    result = {
+        "model": args.model, "task": args.task, "n": len(examples), "sampler": args.sampler, "cache": args.cache,
+        "canvas_length": args.blocks * task.block_length, "block_length": task.block_length,
+        "dtype": args.dtype,
+        "accuracy": {"vllm": score(task, tok, stop, examples, got), "reference_canvas": score(task, tok, stop, examples,
+                     ref.tokens), "reference_vanilla": score(task, tok, stop, examples, van.tokens)},
+        "agreement_vllm_vs_canvas": agreement(got, ref.tokens),
+        "agreement_canvas_vs_vanilla": agreement(ref.tokens, van.tokens),
+        "seconds": {"vllm": round(seconds, 2), "reference_canvas": round(ref.seconds, 2),
+                    "reference_vanilla": round(van.seconds, 2)},
+    }
+    print(json.dumps(result, indent=2))
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()

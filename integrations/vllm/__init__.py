@@ -1,0 +1,35 @@
+"""vLLM adapter: serve LLaDA (``LLaDAModelLM``) and Dream (``DreamModel``) through vLLM's native
+discrete-diffusion pathway (Model Runner V2) with dllm_core's samplers and canvas cache policy.
+
+Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point ``dllm``
+(``register``). Host vocabulary only: decisions are dllm_core's (see ``docs/vllm.md``).
+
+Modules: ``configs`` (HF configs + vLLM config hook), ``options`` (server-wide / per-request
+options and their admission check), ``model`` (the models on vLLM layers), ``state``
+(ModelState + per-request diffusion state), ``sampler`` (the custom sampler), ``serve``
+(``vllm serve`` with ``--dllm-sampler`` / ``--dllm-cache``).
+"""
+from __future__ import annotations
+
+ARCHITECTURES = {"LLaDAModelLM": "integrations.vllm.model:LLaDAForDiffusion",
+                 "DreamModel": "integrations.vllm.model:DreamForDiffusion"}
+
+_registered = False
+
+
+def register() -> None:
+    """The ``vllm.general_plugins`` hook: idempotent, imports no model code (lazy registration)."""
+    global _registered
+    if _registered:
+        return
+    from vllm import ModelRegistry
+    from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+
+    from .configs import config_hook, register_configs
+
+    register_configs()
+    hook = config_hook()
+    for arch, target in ARCHITECTURES.items():
+        ModelRegistry.register_model(arch, target)
+        MODELS_CONFIG_MAP[arch] = hook
+    _registered = True

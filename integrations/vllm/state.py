@@ -1,0 +1,318 @@
+"""Per-request diffusion state and vLLM's ModelState for LLaDA / Dream.
+
+A request goes through vLLM's diffusion pathway as:
+
+    prefill (prompt, bidirectional) -> denoise steps over the canvas -> commit step (emits the
+    canvas, its K/V stay in the paged cache) -> denoise steps over the next canvas -> ...
+
+The canvas rides vLLM's draft-token path (``req_states.draft_tokens``). ``phase`` says what the
+next scheduled canvas step of a slot is (denoise or commit); the dllm sampler flips it.
+"""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+
+from dllm_core.cache.canvas import CanvasCache
+from dllm_core.sampling import Sampler, TokenContext
+
+from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
+from vllm.v1.worker.gpu.model_states.interface import ModelState
+
+from .options import SERVED, DllmOptions
+
+logger = logging.getLogger(__name__)
+
+PREFILL, DENOISE, COMMIT = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class RequestPolicy:
+    """What one request runs with: dllm_core sampler + canvas cache policy + token context knobs."""
+
+    sampler: Sampler
+    cache: CanvasCache
+    block_length: int  # semi-AR block inside the canvas
+    steps: int  # per block (fixed-schedule samplers)
+    temperature: float
+    top_p: float | None
+    top_k: int | None
+    logits_eos_inf: bool
+    confidence_eos_eot_inf: bool
+    eot_id: int | None
+
+    @classmethod
+    def resolve(cls, opts: DllmOptions, sampling_params, canvas_len: int) -> "RequestPolicy":
+        top_p = getattr(sampling_params, "top_p", 1.0)
+        top_k = getattr(sampling_params, "top_k", 0)
+        block = opts.block_length or canvas_len
+        if canvas_len % block:
+            raise ValueError(f"block_length {block} must divide the served canvas_length {canvas_len}")
+        return cls(opts.sampler_obj(), opts.cache_obj(), block, opts.steps or block, opts.temperature,
+                   top_p if top_p is not None and top_p < 1.0 else None,
+                   top_k if top_k is not None and top_k > 0 else None,
+                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id)
+
+    @property
+    def group(self) -> tuple:
+        """Requests sharing this key run one batched sampler call."""
+        return (self.sampler, self.block_length, self.steps, self.temperature, self.top_p, self.top_k,
+                self.logits_eos_inf, self.confidence_eos_eot_inf, self.eot_id)
+
+
+class SlotStates:
+    """A dllm_core sampler state (dict of per-row tensors) with one row per vLLM request slot."""
+
+    def __init__(self, sampler: Sampler, max_reqs: int, block_len: int, steps: int, device):
+        self.sampler, self.L, self.steps, self.device = sampler, block_len, steps, device
+        self.full = sampler.new_state(max_reqs, block_len, steps, device)
+        self.max_reqs = max_reqs
+
+    def gather(self, slots: torch.Tensor) -> dict:
+        return {k: v[slots] if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
+
+    def scatter(self, slots: torch.Tensor, st: dict) -> None:
+        """Write rows back; host scalars (block-level counters) are kept as the latest value."""
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                self.full[k] = v
+                continue
+            if k not in self.full:
+                self.full[k] = v.new_zeros((self.max_reqs, *v.shape[1:]))
+            self.full[k][slots] = v
+
+    def reset(self, slot: int) -> None:
+        fresh = self.sampler.new_state(1, self.L, self.steps, self.device)
+        self.scatter(torch.tensor([slot], device=self.device), fresh)
+
+
+class FeatureCache:
+    """Response-side canvas cache: per layer K, V [max_reqs, L, kv] and attention / FFN outputs
+    [max_reqs, L, d] of every canvas position (allocated on first use)."""
+
+    def __init__(self, n_layers, max_reqs, L, kv_size, dim, dtype, device):
+        z = lambda w: torch.zeros(n_layers, max_reqs, L, w, dtype=dtype, device=device)  # noqa: E731
+        self.k, self.v, self.a, self.f = z(kv_size), z(kv_size), z(dim), z(dim)
+
+
+class CanvasStep:
+    """This step's rows of requests that use an approximate canvas cache (executed by
+    ``DiffusionBlock.forward_cached``; every choice is the request's ``CanvasCache``'s)."""
+
+    def __init__(self, rows: torch.Tensor, slots: torch.Tensor, policies: list[CanvasCache], steps: np.ndarray,
+                 n_layers: int, feats: FeatureCache, generator: torch.Generator):
+        self.rows, self.slots, self.feats, self.gen = rows, slots, feats, generator  # rows [m, L]
+        self.full = np.array([[p.full_layer(int(s), i) for p, s in zip(policies, steps)]
+                              for i in range(n_layers)], dtype=bool)  # [n_layers, m]
+        self.groups: dict[CanvasCache, np.ndarray] = {}
+        for j, p in enumerate(policies):
+            self.groups.setdefault(p, []).append(j)
+        self.groups = {p: np.array(j) for p, j in self.groups.items()}
+
+    def recompute_rows(self, layer: int, block, positions, h) -> torch.Tensor:
+        """[N] bool: rows this layer recomputes (all, except unpicked canvas rows of adaptive requests)."""
+        rec = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
+        adaptive = ~self.full[layer]
+        fc = self.feats
+        for pol, idx in self.groups.items():
+            jj = idx[adaptive[idx]]
+            if len(jj) == 0:
+                continue
+            rows, slots = self.rows[jj], self.slots[jj]  # [mj, L], [mj]
+            rec[rows.flatten()] = False
+            if pol.select == "value":
+                new = block.value(h[rows])  # [mj, L, kv]
+                old = fc.v[layer, slots]
+                fc.v[layer, slots] = new  # V-verify refreshes every canvas V
+            elif pol.select == "key":
+                new = block.qkv(positions[rows].flatten(), h[rows].flatten(0, 1))[1].unflatten(0, rows.shape)
+                old = fc.k[layer, slots]
+            else:
+                new = old = h[rows]
+            n = pol.n_update(rows.shape[1])
+            if n:
+                pick = pol.pick(new, old, n, self.gen)  # [mj, n]
+                rec[rows.gather(1, pick).flatten()] = True
+        return rec
+
+    def cached_kv(self, layer: int, n_tokens: int, kv_size: int, dtype):
+        """K, V [N, kv] holding the cached canvas K/V of the cached requests (others are filled by
+        the caller)."""
+        k = torch.zeros(n_tokens, kv_size, dtype=dtype, device=self.rows.device)
+        v = torch.zeros_like(k)
+        flat = self.rows.flatten()
+        k[flat] = self.feats.k[layer, self.slots].flatten(0, 1)
+        v[flat] = self.feats.v[layer, self.slots].flatten(0, 1)
+        return k, v
+
+    def store(self, layer, rec, k, v, o, f) -> None:
+        fc, rows, slots = self.feats, self.rows, self.slots
+        keep = rec[rows][..., None]  # [m, L, 1]
+        fc.k[layer, slots] = k[rows]
+        fc.v[layer, slots] = v[rows]
+        fc.a[layer, slots] = torch.where(keep, o[rows], fc.a[layer, slots])
+        fc.f[layer, slots] = torch.where(keep, f[rows], fc.f[layer, slots])
+
+    def assemble(self, layer, x, out):
+        fc, rows, slots = self.feats, self.rows, self.slots
+        out[rows.flatten()] = (x[rows] + fc.a[layer, slots] + fc.f[layer, slots]).flatten(0, 1)
+        return out
+
+
+@dataclass
+class StepPlan:
+    """Set on the model right before each forward."""
+
+    capture_rows: torch.Tensor | None = None   # [k] rows whose final hidden state is kept (Dream)
+    capture_slots: torch.Tensor | None = None  # [k]
+    cached: CanvasStep | None = None
+
+
+class DllmStates:
+    """Per-slot diffusion state shared by the ModelState, the model and the sampler."""
+
+    def __init__(self, vllm_config, args, max_reqs: int, device):
+        self.canvas_len = vllm_config.diffusion_config.canvas_length
+        self.max_reqs, self.device, self.args = max_reqs, device, args
+        self.mask_id = args.mask_token_id
+        if self.mask_id is None:
+            raise ValueError("config.json: mask_token_id is required to serve a masked diffusion model")
+        self.pad_id = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
+        SERVED["canvas_length"] = self.canvas_len
+        self.defaults = DllmOptions.from_additional_config(vllm_config.additional_config)
+        self.canvas = torch.full((max_reqs, self.canvas_len), self.mask_id, dtype=torch.long, device=device)
+        self.phase = np.zeros(max_reqs, dtype=np.int8)
+        self.step = np.zeros(max_reqs, dtype=np.int64)       # denoise steps done in the current canvas
+        self.block = np.zeros(max_reqs, dtype=np.int64)      # block of the canvas being denoised
+        self.block_step = np.zeros(max_reqs, dtype=np.int64)  # denoise steps done in that block
+        self.new_block = np.zeros(max_reqs, dtype=bool)
+        self.policy: list[RequestPolicy | None] = [None] * max_reqs
+        self.slot_states: dict[tuple, SlotStates] = {}
+        self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
+        self.features: FeatureCache | None = None
+        self.feature_shape = None  # (n_layers, kv_size) set by the ModelState
+        self.generator = torch.Generator(device).manual_seed(self.defaults.seed)
+        self.plan: StepPlan | None = None
+        self.tp = vllm_config.parallel_config.tensor_parallel_size
+
+    def add(self, slot: int, sampling_params) -> None:
+        opts = self.defaults.with_request(getattr(sampling_params, "extra_args", None))
+        pol = RequestPolicy.resolve(opts, sampling_params, self.canvas_len)
+        if not pol.cache.exact and self.tp > 1:
+            logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
+            pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
+        self.policy[slot] = pol
+        self.phase[slot], self.step[slot], self.new_block[slot] = PREFILL, 0, False
+        self.sampler_states(pol).reset(slot)
+        if not pol.cache.exact and self.features is None:
+            n_layers, kv_size = self.feature_shape
+            self.features = FeatureCache(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
+                                         self.last_hidden.dtype, self.device)
+
+    def remove(self, slot: int) -> None:
+        self.policy[slot] = None
+        self.phase[slot] = PREFILL
+
+    def sampler_states(self, pol: RequestPolicy) -> SlotStates:
+        key = (pol.sampler, pol.block_length, pol.steps)
+        if key not in self.slot_states:
+            self.slot_states[key] = SlotStates(pol.sampler, self.max_reqs, pol.block_length, pol.steps, self.device)
+        return self.slot_states[key]
+
+    def token_context(self, pol: RequestPolicy) -> TokenContext:
+        return TokenContext(self.mask_id, pol.temperature, pol.top_p, pol.top_k, self.args.eos_token_id, pol.eot_id,
+                            pol.logits_eos_inf, pol.confidence_eos_eot_inf, self.generator)
+
+    def start_canvas(self, slots: np.ndarray) -> None:
+        """A fresh all-mask canvas for ``slots`` (after their prefill or commit)."""
+        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        self.canvas[idx] = self.mask_id
+        self.phase[slots], self.step[slots], self.new_block[slots] = DENOISE, 0, True
+        self.block[slots], self.block_step[slots] = 0, 0
+
+
+class DllmModelState(ModelState):
+    """ModelState of LLaDA / Dream: all attention bidirectional (per-request causal flag 0), the
+    canvas plan for the response-side cache, and the dllm sampler."""
+
+    def __init__(self, vllm_config, model, encoder_cache, device) -> None:
+        super().__init__(vllm_config, model, encoder_cache, device)
+        self.states = DllmStates(vllm_config, model.args, self.max_num_reqs, device)
+        layer = model.layers[0]
+        self.states.feature_shape = (len(model.layers), layer.kv_size)
+        model.dllm_state = self.states
+        self._causal = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
+        self._req_slot: dict[str, int] = {}
+
+    def get_supported_generation_tasks(self):
+        return ("generate",)
+
+    def custom_sampler(self, sampler: Any):
+        from .sampler import DllmSampler
+
+        return DllmSampler(sampler, self.states, self.model), None
+
+    def add_request(self, req_index: int, new_req_data) -> None:
+        self._req_slot[new_req_data.req_id] = req_index
+        self.states.add(req_index, new_req_data.sampling_params)
+
+    def remove_request(self, req_id: str) -> None:
+        slot = self._req_slot.pop(req_id, None)
+        if slot is not None:
+            self.states.remove(slot)
+
+    def prepare_inputs_embeds(self, scheduled_encoder_inputs, input_batch, req_states):
+        return None
+
+    def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
+        self.states.plan = self._plan(input_batch)
+        return {}
+
+    def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
+        self.states.plan = None
+        return {}
+
+    def _plan(self, ib) -> StepPlan:
+        st, n = self.states, ib.num_reqs
+        slots = ib.idx_mapping_np[:n]
+        qsl = ib.query_start_loc_np
+        ndraft = ib.num_draft_tokens_per_req if ib.num_draft_tokens_per_req is not None else np.zeros(n, np.int32)
+        is_canvas = ndraft[:n] > 0
+        done_prefill = ~is_canvas & (ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n]
+                                     >= ib.prefill_len_np[:n])
+        plan = StepPlan()
+        if self.model.shift_logits:
+            cap = np.flatnonzero(done_prefill | (is_canvas & (st.phase[slots] == COMMIT)))
+            if len(cap):
+                plan.capture_rows = torch.as_tensor(qsl[cap + 1] - 1, dtype=torch.long, device=self.device)
+                plan.capture_slots = torch.as_tensor(slots[cap], dtype=torch.long, device=self.device)
+        cached = [i for i in np.flatnonzero(is_canvas & (st.phase[slots] == DENOISE))
+                  if st.policy[slots[i]] is not None and not st.policy[slots[i]].cache.exact
+                  and qsl[i + 1] - qsl[i] == st.canvas_len]  # a canvas cut at max_model_len runs exact
+        if cached:
+            cached = np.array(cached)
+            rows = torch.as_tensor(qsl[cached][:, None] + np.arange(st.canvas_len), dtype=torch.long,
+                                   device=self.device)
+            plan.cached = CanvasStep(rows, torch.as_tensor(slots[cached], dtype=torch.long, device=self.device),
+                                     [st.policy[s].cache for s in slots[cached]], st.step[slots[cached]],
+                                     len(self.model.layers), st.features, st.generator)
+        return plan
+
+    def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
+                     for_capture=False, ubatch_idx: int = 0) -> dict[str, Any]:
+        num_reqs, num_tokens = input_batch.num_reqs, input_batch.num_tokens
+        # Per-request causal flag (CPU_ATTN / FlashAttention): 0 for every LLaDA / Dream step.
+        causal = self._causal[:num_reqs]
+        return build_attn_metadata(
+            attn_groups=attn_groups, num_reqs=num_reqs, num_tokens=num_tokens,
+            query_start_loc_gpu=input_batch.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(input_batch.query_start_loc_np),
+            max_query_len=int(input_batch.num_scheduled_tokens.max()), seq_lens=input_batch.seq_lens,
+            max_seq_len=self.max_model_len, block_tables=block_tables, slot_mappings=slot_mappings,
+            kv_cache_config=kv_cache_config, causal=causal)
+
+    num_new_sampled_tokens_per_step: int = 0

@@ -1,0 +1,66 @@
+"""``dllm bench --quick`` on the shipped task model: files, table, and the invariants of the numbers."""
+import json
+import subprocess
+import sys
+
+import pytest
+
+from dllm_core.bench import DEFAULT_MODEL, combos, markdown
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").is_file(), reason="models/llada-tasks not shipped")
+
+
+@pytest.fixture(scope="module")
+def quick(tmp_path_factory):
+    from dllm_core.cli import main
+
+    out = tmp_path_factory.mktemp("bench")
+    rc = main(["bench", "--quick", "--samplers", "low_confidence;threshold:tau=0.9;slowfast",
+               "--caches", "none;dual:every=1;dllm:kp=50,kr=7,rho=0.25", "--out", str(out), "--no-progress"])
+    assert rc == 0
+    return out, json.loads((out / "bench.json").read_text())
+
+
+def test_writes_table_json_and_plot(quick):
+    out, res = quick
+    assert (out / "bench.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    rows = res["rows"]
+    assert [(r["sampler"], r["cache"]) for r in rows] == combos(
+        ["low_confidence", "threshold:tau=0.9", "slowfast"], ["none", "dual:every=1", "dllm:kp=50,kr=7,rho=0.25"])
+    assert (out / "bench.md").read_text().strip() == markdown(rows)
+    labels = ["arithmetic", "sort", "retrieval:pairs=30"]
+    assert res["tasks"] == labels and res["n"] == 4 and list(res["canvas"]) == labels
+    assert all(list(r["accuracy"]) == labels for r in rows)
+    assert res["command"].startswith("dllm bench --model ") and "--tasks 'arithmetic;sort;retrieval:pairs=30'" in res["command"]
+
+
+def test_vanilla_row_and_exact_cache(quick):
+    rows = {(r["sampler"], r["cache"]): r for r in quick[1]["rows"]}
+    van = rows["low_confidence", "none"]
+    assert van["speedup"] == 1.0 and van["agreement"] == 1.0 and van["work"] == 1.0
+    assert van["nfe_per_token"] == 1.0  # vanilla: steps == gen_length
+    exact = rows["low_confidence", "dual:every=1"]  # refresh every step = exact: same tokens as vanilla
+    assert exact["agreement"] == 1.0 and exact["accuracy"] == van["accuracy"]
+    for c in ("none", "dllm:kp=50,kr=7,rho=0.25"):
+        assert rows["threshold:tau=0.9", c]["nfe_per_token"] < 1.0  # parallel decoding saves forwards
+    assert rows["low_confidence", "dllm:kp=50,kr=7,rho=0.25"]["work"] < 1.0
+
+
+def test_vanilla_accuracy_matches_dllm_eval(quick):
+    """The bench's vanilla accuracy is the same measurement ``dllm eval`` makes."""
+    from dllm_core.tasks import parse_tasks
+    from dllm_core.tasks.evaluate import evaluate
+
+    runs = evaluate(DEFAULT_MODEL, parse_tasks("arithmetic;sort;retrieval:pairs=30"), n=4)
+    van = quick[1]["rows"][0]
+    assert {k: r.accuracy for k, r in runs.items()} == van["accuracy"]
+
+
+def test_bad_spec_is_a_clear_error(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--quick", "--samplers", "fastest",
+                        "--out", str(tmp_path)], capture_output=True, text=True)
+    assert p.returncode == 2
+    assert "--sampler: unknown policy 'fastest'; allowed:" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--n", "0", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--n must be >= 1, got 0" in p.stderr

@@ -1,0 +1,448 @@
+"""DFlash drafter: reference-equal logits, checkpoint format, lossless greedy + sampled verification,
+the sparse training mask, and a tiny resumable training run (all on a locally built Qwen3 target)."""
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm_core.drafters import (DFlashConfig, SamplingParams, SpecConfig, accept_greedy, accept_sampled,
+                                ar_generate, load_drafter, save_drafter, speculative_generate)
+from dllm_core.drafters.blocks import IGNORE, block_mask, loss_weights, pack_blocks, sample_anchors
+from dllm_core.drafters.speculative import crop_cache
+from dllm_core.drafters.target import load_target
+from dllm_core.drafters.tiny import build_tiny_drafter, build_tiny_target
+from dllm_core.train.dflash import DFlashTrainConfig, run
+
+PROMPT_TEXTS = ["Sort the list: 5 3 9 1", "What is 12 plus 30?", "Hello world!", "The quick brown fox",
+                "Diffusion models denoise masked tokens.", "Sort the list: 7 2 8", "What is 4 plus 9?",
+                "Hello fox!"]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one intra-op thread is fastest (and robust on a shared 2-core machine)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    return build_tiny_target(tmp_path_factory.mktemp("qwen3"))
+
+
+@pytest.fixture(scope="module")
+def target(target_dir):
+    return load_target(target_dir)
+
+
+@pytest.fixture(scope="module")
+def random_drafter(tmp_path_factory, target_dir, target):
+    d = build_tiny_drafter(tmp_path_factory.mktemp("dflash_random"), target_dir, std=0.2)
+    return load_drafter(d).bind(target)
+
+
+def train_cfg(target_dir, out, prompts_file, **kw):
+    base = dict(target=str(target_dir), out=str(out), prompts_file=str(prompts_file), num_prompts=64,
+                max_new_tokens=24, layers=2, block_size=8, target_layer_ids="1,2", blocks_per_seq=6,
+                batch_size=8, steps=40, lr=3e-3, warmup=4, save_every=10, eval_every=10, keep_data=True)
+    base.update(kw)
+    return DFlashTrainConfig(**base)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, target_dir):
+    """A drafter trained for 40 steps (the random target's greedy outputs are repetitive: learnable)."""
+    d = tmp_path_factory.mktemp("dflash_train")
+    prompts = d / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"{t} {i}"}) + "\n" for i in range(8) for t in PROMPT_TEXTS))
+    cfg = train_cfg(target_dir, d / "out", prompts)
+    t0 = time.perf_counter()
+    summary = run(cfg)
+    return {"cfg": cfg, "summary": summary, "dir": d / "out", "prompts": prompts, "seconds": time.perf_counter() - t0}
+
+
+@pytest.fixture(scope="module")
+def trained_drafter(trained, target):
+    return load_drafter(trained["dir"]).bind(target)
+
+
+@pytest.fixture(scope="module")
+def text_prompts(target_dir):
+    """Prompts like the training ones (chat template), where the trained drafter is in distribution."""
+    from dllm_core.tokenizer import encode_prompt, load_tokenizer
+
+    tok = load_tokenizer(target_dir)
+    return [encode_prompt(tok, f"{t} {i}", True) for i, t in enumerate(PROMPT_TEXTS)]
+
+
+def prompts_ids(n=4, length=6, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(20, 300, (length + i,), generator=g).tolist() for i in range(n)]
+
+
+# --- model vs the reference implementation (PyPI dflash) ----------------------------------------------------
+def reference_model(drafter_dir):
+    from transformers import Qwen3Config
+
+    from dflash.model import DFlashDraftModel
+
+    return DFlashDraftModel(Qwen3Config(**json.loads((drafter_dir / "config.json").read_text()))).eval()
+
+
+def test_logits_match_reference(tmp_path, target_dir, target):
+    from transformers import DynamicCache
+
+    d = build_tiny_drafter(tmp_path, target_dir, std=0.2, seed=3)
+    ours = load_drafter(d).bind(target)
+    ref = reference_model(d)
+    ref.load_state_dict(ours.state_dict(), strict=True)  # identical names and shapes
+    assert ref.target_layer_ids == [1, 2] and ref.mask_token_id == ours.cfg.mask_token_id and ref.block_size == 16
+    ids = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(0))
+    feats = ours.features(target(ids, output_hidden_states=True).hidden_states)  # [2, 12, 2*64]
+    block = torch.full((2, 16), ours.cfg.mask_token_id)
+    block[:, 0] = ids[:, -1]
+    emb = ours.embed(block)
+    pos = torch.arange(28)[None].expand(2, -1)
+    with torch.no_grad():
+        a = ours.logits(ours(emb, feats, pos))
+        b = ref.compute_logits(ref(position_ids=pos, noise_embedding=emb, target_hidden=feats), target.lm_head)
+        assert a.abs().max() > 1 and torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+        # incremental: context 0..7 cached (block K/V cropped away), then context 8..11 + a new block
+        c1, c2 = DynamicCache(), DynamicCache()
+        ours(emb, feats[:, :8], pos[:, :24], cache=c1)
+        ref(position_ids=pos[:, :24], noise_embedding=emb, target_hidden=feats[:, :8], past_key_values=c2,
+            use_cache=True)
+        crop_cache(c1, 8)
+        crop_cache(c2, 8)
+        p2 = torch.arange(8, 28)[None].expand(2, -1)
+        a = ours.logits(ours(emb, feats[:, 8:], p2, cache=c1))
+        b = ref.compute_logits(ref(position_ids=p2, noise_embedding=emb, target_hidden=feats[:, 8:],
+                                   past_key_values=c2, use_cache=True), target.lm_head)
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+        # and the cached result equals recomputing the whole context without a cache
+        full = ours.logits(ours(emb, feats, torch.arange(28)[None].expand(2, -1)))
+        assert torch.allclose(a, full, atol=1e-5, rtol=1e-5)
+        ours.layers[1].mlp.up_proj.weight.mul_(1.01)  # negative control: a changed weight is visible
+        assert not torch.allclose(ours.logits(ours(emb, feats, pos)), b, atol=1e-5)
+
+
+# --- checkpoint format --------------------------------------------------------------------------------------
+def test_save_load_roundtrip_exact_names(tmp_path, target_dir, random_drafter):
+    from safetensors.torch import load_file
+
+    d = save_drafter(random_drafter, tmp_path / "rt")
+    cfg = json.loads((d / "config.json").read_text())
+    assert cfg["architectures"] == ["DFlashDraftModel"] and cfg["model_type"] == "qwen3"
+    assert cfg["dflash_config"] == {"mask_token_id": random_drafter.cfg.mask_token_id, "target_layer_ids": [1, 2]}
+    assert cfg["block_size"] == 16 and cfg["num_target_layers"] == 4 and cfg["num_hidden_layers"] == 2
+    per_layer = ["self_attn.q_proj.weight", "self_attn.k_proj.weight", "self_attn.v_proj.weight",
+                 "self_attn.o_proj.weight", "self_attn.q_norm.weight", "self_attn.k_norm.weight",
+                 "mlp.gate_proj.weight", "mlp.up_proj.weight", "mlp.down_proj.weight", "input_layernorm.weight",
+                 "post_attention_layernorm.weight"]
+    expected = {f"layers.{i}.{n}" for i in range(2) for n in per_layer} | {"norm.weight", "fc.weight",
+                                                                           "hidden_norm.weight"}
+    sd = load_file(str(d / "model.safetensors"))
+    assert set(sd) == expected
+    assert sd["fc.weight"].shape == (64, 2 * 64)
+    back = load_drafter(d)
+    for k, v in random_drafter.state_dict().items():
+        assert torch.equal(back.state_dict()[k], v)
+    assert DFlashConfig.from_hf(cfg) == random_drafter.cfg
+    # errors name the field / allowed values
+    bad = dict(cfg, architectures=["Qwen3ForCausalLM"])
+    with pytest.raises(ValueError, match="allowed: \\['DFlashDraftModel'\\]"):
+        DFlashConfig.from_hf(bad)
+    with pytest.raises(ValueError, match="target_layer_ids \\[7\\] outside \\[0, 4\\)"):
+        DFlashConfig.from_hf(dict(cfg, dflash_config={"mask_token_id": 3, "target_layer_ids": [1, 7]}))
+    with pytest.raises(ValueError, match="strictly increasing"):  # vLLM concatenates distinct layers in order
+        DFlashConfig.from_hf(dict(cfg, dflash_config={"mask_token_id": 3, "target_layer_ids": [2, 1]}))
+    with pytest.raises(ValueError, match="'mask_token_id'.*missing"):
+        DFlashConfig.from_hf(dict(cfg, dflash_config={"target_layer_ids": [1, 2]}))
+    sd.pop("hidden_norm.weight")
+    from safetensors.torch import save_file
+
+    save_file(sd, str(d / "model.safetensors"))
+    with pytest.raises(ValueError, match="missing keys \\['hidden_norm.weight'\\]"):
+        load_drafter(d)
+
+
+# --- speculative decoding: lossless -------------------------------------------------------------------------
+@pytest.mark.parametrize("block", [4, 16])
+def test_greedy_speculative_equals_ar_random_drafter(target, random_drafter, block):
+    cfg = SpecConfig(max_new_tokens=24, block_size=block)
+    for p in prompts_ids(2):
+        a, s = ar_generate(target, p, cfg), speculative_generate(target, random_drafter, p, cfg)
+        assert s.tokens == a.tokens and len(a.tokens) == 24
+        assert sum(s.accept_lengths) == 23  # every token after the prefill's comes from a verification
+
+
+def test_greedy_speculative_equals_ar_trained_drafter(target, trained_drafter, text_prompts):
+    cfg = SpecConfig(max_new_tokens=40, block_size=8)
+    lengths = []
+    for p in text_prompts[:5]:
+        a, s = ar_generate(target, p, cfg), speculative_generate(target, trained_drafter, p, cfg)
+        assert s.tokens == a.tokens
+        lengths += s.accept_lengths
+    assert max(lengths) >= 3 and sum(lengths) / len(lengths) > 1.1  # drafts really got accepted
+
+
+class OracleDrafter:
+    """Drafts the true greedy continuation, except every 7th position (wrong on purpose): the loop's
+    bookkeeping (cache crops, emitted tokens, acceptance lengths) is checked against exact predictions."""
+
+    def __init__(self, inner, truth, prompt_len):
+        self.inner, self.truth, self.prompt_len, self.cfg = inner, torch.tensor(truth), prompt_len, inner.cfg
+
+    def features(self, hs):
+        return self.inner.features(hs)
+
+    def embed(self, ids):
+        return self.inner.embed(ids)
+
+    def __call__(self, x, feats, pos, cache=None):
+        self.block_pos = pos[0, -x.shape[1]:]
+        return self.inner(x, feats, pos, cache=cache)
+
+    def logits(self, h):
+        gen = (self.block_pos[1:] - self.prompt_len).clamp(max=len(self.truth) - 1)
+        toks = torch.where(gen % 7 == 6, (self.truth[gen] + 1) % self.cfg.vocab_size, self.truth[gen])
+        return torch.nn.functional.one_hot(toks, self.cfg.vocab_size)[None].float()
+
+
+@pytest.mark.parametrize("block", [3, 8])
+def test_loop_bookkeeping_with_oracle_drafts(target, random_drafter, block):
+    p = prompts_ids(1, seed=5)[0]
+    cfg = SpecConfig(max_new_tokens=40, block_size=block)
+    truth = ar_generate(target, p, cfg).tokens
+    s = speculative_generate(target, OracleDrafter(random_drafter, truth, len(p)), p, cfg)
+    assert s.tokens == truth
+    expected, i = [], 0  # i = generated index of the newest token
+    while i < 39:
+        q = min(block, 40 - (i + 1))
+        n = next((j for j in range(q - 1) if (i + 1 + j) % 7 == 6), q - 1)  # drafts before the wrong one
+        expected.append(min(n + 1, 39 - i))
+        i += n + 1
+    assert s.accept_lengths == expected and max(expected) == min(block, 7)
+
+
+def test_stop_token_and_length(target, random_drafter):
+    p = prompts_ids(1)[0]
+    free = ar_generate(target, p, SpecConfig(max_new_tokens=30))
+    stop = free.tokens[10]
+    first = free.tokens.index(stop)
+    cfg = SpecConfig(max_new_tokens=30, stop_token_ids=(stop,))
+    a, s = ar_generate(target, p, cfg), speculative_generate(target, random_drafter, p, cfg)
+    assert a.tokens == s.tokens == free.tokens[:first + 1]
+
+
+def test_matches_reference_loop_acceptance(monkeypatch, target, trained, trained_drafter, text_prompts):
+    """Our loop and the PyPI reference loop (same weights) accept exactly the same drafts step by step."""
+    import dflash.model as dm
+
+    monkeypatch.setattr(dm, "_cuda_time", time.perf_counter)
+    ref = reference_model(trained["dir"])
+    ref.load_state_dict(trained_drafter.state_dict(), strict=True)
+    ref_lengths = []
+    for p in text_prompts[5:8]:
+        ours = speculative_generate(target, trained_drafter, p, SpecConfig(max_new_tokens=40, block_size=8))
+        out = dm.dflash_generate(ref, target, torch.tensor([p]), 40, None, block_size=8, return_stats=True)
+        assert out.output_ids[0, len(p):].tolist() == ours.tokens
+        safe, c = 0, 1  # steps whose verify window stayed clear of the length limit (the loops' only difference)
+        while safe < len(ours.accept_lengths) and c + 8 < 40:
+            c, safe = c + ours.accept_lengths[safe], safe + 1
+        assert safe > 10 and out.acceptance_lengths[:safe] == ours.accept_lengths[:safe]
+        ref_lengths += out.acceptance_lengths[:safe]
+    assert max(ref_lengths) > 2  # the comparison covers real multi-token acceptances
+
+
+# --- sampling verification ------------------------------------------------------------------------------------
+P = torch.tensor([0.5, 0.3, 0.15, 0.05])
+Q = torch.tensor([0.1, 0.6, 0.2, 0.1])
+
+
+def test_greedy_accept_math():
+    logits = torch.full((2, 4, 5), -5.0)
+    choice = torch.tensor([[1, 2, 3, 4], [1, 0, 3, 4]])
+    logits.scatter_(-1, choice[..., None], 5.0)
+    draft = torch.tensor([[1, 2, 3], [1, 2, 3]])
+    acc = accept_greedy(draft, logits)
+    assert acc.num_accepted.tolist() == [3, 1] and acc.next_token.tolist() == [4, 0]
+
+
+def test_sampled_verification_is_lossless():
+    """One draft x ~ q, then verification: P(emit token t at position 1) must equal p(t) exactly;
+    the acceptance rate must be sum_t min(p(t), q(t))."""
+    n = 400_000
+    g = torch.Generator().manual_seed(0)
+    draft = torch.multinomial(Q.expand(n, 4), 1, generator=g)  # [n, 1]
+    tp = torch.stack([P, torch.tensor([0.25] * 4)]).expand(n, 2, 4)  # position 0 verifies, 1 = bonus
+    acc = accept_sampled(draft, tp, Q.expand(n, 1, 4), g)
+    emitted = torch.where(acc.num_accepted == 1, draft[:, 0], acc.next_token)
+    freq = torch.bincount(emitted, minlength=4).float() / n
+    tol = 4 * (P * (1 - P) / n).sqrt()
+    assert ((freq - P).abs() < tol).all(), (freq, P)
+    rate = acc.num_accepted.float().mean()
+    assert abs(rate - torch.minimum(P, Q).sum()) < 4 * (0.25 / n) ** 0.5
+    # per drafted token: accept with prob min(1, p/q)
+    for t in range(4):
+        sel = draft[:, 0] == t
+        want = min(1.0, float(P[t] / Q[t]))
+        got = acc.num_accepted[sel].float().mean()
+        assert abs(got - want) < 4 * (want * (1 - want) / sel.sum() + 1e-9) ** 0.5 + 1e-6
+    # after acceptance the bonus comes from the next position's p (uniform here)
+    bonus = torch.bincount(acc.next_token[acc.num_accepted == 1], minlength=4).float()
+    assert ((bonus / bonus.sum() - 0.25).abs() < 0.01).all()
+
+
+def test_sampled_verification_greedy_drafter_one_hot():
+    """With q one-hot (draft_probs=None) the draft token x is kept with prob p(x); on rejection the
+    correction never equals x; the emitted token is distributed as p."""
+    n = 400_000
+    g = torch.Generator().manual_seed(1)
+    draft = torch.full((n, 1), 1)
+    tp = torch.stack([P, P]).expand(n, 2, 4)
+    acc = accept_sampled(draft, tp, None, g)
+    assert abs(acc.num_accepted.float().mean() - P[1]) < 4 * (0.21 / n) ** 0.5
+    assert (acc.next_token[acc.num_accepted == 0] != 1).all()
+    emitted = torch.where(acc.num_accepted == 1, draft[:, 0], acc.next_token)
+    freq = torch.bincount(emitted, minlength=4).float() / n
+    assert ((freq - P).abs() < 4 * (P * (1 - P) / n).sqrt()).all()
+
+
+def test_sampled_speculative_decoding_runs(target, trained_drafter, text_prompts):
+    sp = SamplingParams(temperature=0.8, top_k=50)
+    cfg = SpecConfig(max_new_tokens=24, block_size=8, sampling=sp, seed=3)
+    p = text_prompts[0]
+    s1 = speculative_generate(target, trained_drafter, p, cfg)
+    s2 = speculative_generate(target, trained_drafter, p, cfg)
+    assert s1.tokens == s2.tokens and len(s1.tokens) == 24  # seeded: reproducible
+    s3 = speculative_generate(target, trained_drafter, p, replace(cfg, greedy_draft=False))
+    assert len(s3.tokens) == 24
+    with pytest.raises(ValueError, match="--top-p must be in \\(0, 1\\]"):
+        SamplingParams(temperature=1.0, top_p=0.0)
+
+
+# --- training: sparse mask, packing, loss, resume ---------------------------------------------------------------
+def test_sparse_training_mask():
+    anchors, valid = torch.tensor([[3, 7], [2, 0]]), torch.tensor([[True, True], [True, False]])
+    B, L = 4, 12
+    m = block_mask(anchors, valid, B, L)[:, 0]  # [2, 8, 20]
+    for s in range(2):
+        for q in range(2 * B):
+            j = q // B
+            for t in range(L):  # context: strictly before the anchor (nothing for an invalid block)
+                assert bool(m[s, q, t]) == (bool(valid[s, j]) and t < int(anchors[s, j]))
+            for kk in range(2 * B):  # blocks: own block only (bidirectional), never another block
+                assert bool(m[s, q, L + kk]) == (kk // B == j)
+    tokens = torch.arange(100, 112).expand(2, -1)
+    pb = pack_blocks(tokens, torch.tensor([12, 5]), anchors, valid, B, 99, gamma=2.0)
+    assert pb.ids[0].tolist() == [103, 99, 99, 99, 107, 99, 99, 99]
+    assert pb.labels[0].tolist() == [IGNORE, 104, 105, 106, IGNORE, 108, 109, 110]
+    assert pb.labels[1].tolist() == [IGNORE, 103, 104, IGNORE] + [IGNORE] * 4  # length 5, invalid block 2
+    assert pb.pos[0, L:].tolist() == [3, 4, 5, 6, 7, 8, 9, 10]
+    e = torch.exp(torch.tensor([-0.5, -1.0]))
+    assert torch.allclose(loss_weights(B, 2.0), torch.tensor([0.0, 1.0, float(e[0]), float(e[1])]))
+    a, v = sample_anchors(torch.tensor([12, 5]), torch.tensor([4, 2]), 16, 12, torch.Generator().manual_seed(0))
+    assert a[0][v[0]].tolist() == list(range(4, 11)) and a[1][v[1]].tolist() == [2, 3]
+
+
+def test_packed_training_forward_equals_inference(target, random_drafter):
+    """Each packed block, under the sparse mask, gets exactly the states of a separate inference forward
+    with the context up to its anchor."""
+    tokens = torch.randint(20, 300, (1, 20), generator=torch.Generator().manual_seed(4))
+    anchors, valid = torch.tensor([[5, 9, 14]]), torch.ones(1, 3, dtype=torch.bool)
+    B = 4
+    d = random_drafter
+    with torch.no_grad():
+        feats = d.features(target(tokens, output_hidden_states=True).hidden_states)
+        pb = pack_blocks(tokens, torch.tensor([20]), anchors, valid, B, d.cfg.mask_token_id, 7.0)
+        packed = d(d.embed(pb.ids), feats, pb.pos, mask=pb.mask)  # [1, 12, H]
+        for j, a in enumerate(anchors[0].tolist()):
+            single = d(d.embed(pb.ids[:, j * B:(j + 1) * B]), feats[:, :a], torch.arange(a + B)[None])
+            assert torch.allclose(packed[:, j * B:(j + 1) * B], single, atol=1e-5)
+
+
+def test_training_loss_decreases_and_resume_is_exact(tmp_path, monkeypatch, trained, target_dir):
+    log = [json.loads(ln) for ln in (trained["dir"] / "train_log.jsonl").read_text().splitlines()]
+    evals = [r["eval_loss"] for r in log if "eval_loss" in r]
+    assert len(evals) == 4 and evals[-1] < 0.7 * evals[0], evals
+    assert not (trained["dir"] / "train_state.pt").exists()  # finished runs drop the optimizer state
+    # interrupted at step 10 (state saved), resumed to 16 == uninterrupted 16 steps
+    data = trained["dir"] / "regenerated.pt"
+    outs = {}
+    for name in ("full", "cut"):
+        out = tmp_path / name
+        out.mkdir()
+        (out / "regenerated.pt").write_bytes(data.read_bytes())  # same regenerated data, no regeneration
+        outs[name] = out
+    run(train_cfg(target_dir, outs["full"], trained["prompts"], steps=16, eval_every=0))
+    import dllm_core.train.dflash as td
+
+    cut_cfg = train_cfg(target_dir, outs["cut"], trained["prompts"], steps=16, eval_every=0)
+    orig = td.block_loss
+    calls = {"n": 0}
+
+    def dying(*a, **k):
+        calls["n"] += 1
+        if calls["n"] > 10:
+            raise KeyboardInterrupt
+        return orig(*a, **k)
+
+    monkeypatch.setattr(td, "block_loss", dying)
+    with pytest.raises(KeyboardInterrupt):
+        run(cut_cfg)
+    monkeypatch.setattr(td, "block_loss", orig)
+    assert (outs["cut"] / "train_state.pt").exists()
+    with pytest.raises(ValueError, match="--resume"):
+        run(cut_cfg)
+    run(replace(cut_cfg, resume=True))
+    a, b = load_drafter(outs["full"]).state_dict(), load_drafter(outs["cut"]).state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+def test_default_target_layers():
+    from dllm_core.drafters import spread_layer_ids
+
+    assert spread_layer_ids(36, 5) == (1, 9, 17, 25, 33)  # the reference rule (layers 1..N-3)
+    assert spread_layer_ids(6, 2) == (1, 3) and spread_layer_ids(4, 2) == (0, 3)  # always distinct
+    with pytest.raises(ValueError, match="no 3 distinct layers"):
+        spread_layer_ids(2, 3)
+
+
+def test_train_config_errors(tmp_path):
+    with pytest.raises(ValueError, match="--init must be one of \\['random', 'target'\\]"):
+        DFlashTrainConfig(target="t", out="o", init="copy")
+    with pytest.raises(ValueError, match="--block-size must be >= 2"):
+        DFlashTrainConfig(target="t", out="o", block_size=1)
+    with pytest.raises(ValueError, match="--target-layer-ids must be comma-separated ints"):
+        DFlashTrainConfig(target="t", out="o", target_layer_ids="1,x")
+
+
+SHIPPED = (Path(__file__).resolve().parents[1] / "models" / "qwen3-tasks",
+           Path(__file__).resolve().parents[1] / "models" / "dflash-qwen3-tasks")
+
+
+@pytest.mark.skipif(not all((d / "config.json").is_file() for d in SHIPPED), reason="shipped pair not present")
+def test_shipped_drafter_lossless_and_accepts():
+    """The shipped drafter on held-out task prompts: identical to AR, mean acceptance length >= 3 (block 16)."""
+    from dllm_core.tasks import parse_tasks
+    from dllm_core.tokenizer import encode_prompt, load_tokenizer
+    from dllm_core.train.dflash import stop_ids
+
+    target = load_target(SHIPPED[0])
+    drafter = load_drafter(SHIPPED[1]).bind(target)
+    tok = load_tokenizer(SHIPPED[0])
+    cfg = SpecConfig(max_new_tokens=64, block_size=16, stop_token_ids=tuple(stop_ids(tok, target.config)))
+    lengths = []
+    for task in parse_tasks("arithmetic;sort;count:min_span=1,span=60"):
+        for ex in task.examples("test", 2, seed=3):
+            p = encode_prompt(tok, ex.prompt, True)
+            s = speculative_generate(target, drafter, p, cfg)
+            assert s.tokens == ar_generate(target, p, cfg).tokens
+            lengths += s.accept_lengths
+    assert sum(lengths) / len(lengths) >= 3, lengths

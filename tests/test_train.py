@@ -1,0 +1,74 @@
+"""Training commands: exact resume, clear errors, and checkpoints the loaders / CLI accept."""
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dllm_core.cli import main
+
+TINY = ["--batch", "3,3,1", "--dim", "32", "--layers", "2", "--heads", "2", "--ffn", "64", "--max-len", "2048",
+        "--warmup", "2", "--save-dtype", "float32", "--tasks", "arithmetic;sort;retrieval:pairs=6"]
+
+
+def train(out, *extra):
+    assert main(["train-mdm", "--out", str(out), *TINY, *extra]) == 0
+
+
+def test_resume_equals_uninterrupted_run(tmp_path):
+    train(tmp_path / "a", "--steps", "4")
+    train(tmp_path / "b", "--steps", "4", "--time-limit", "1e-9")  # stops (and checkpoints) after step 1
+    assert (tmp_path / "b" / "train_state.pt").is_file()
+    train(tmp_path / "b", "--steps", "4", "--resume")
+    assert not (tmp_path / "b" / "train_state.pt").exists()  # finished runs leave only the HF layout
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    log = [json.loads(line) for line in (tmp_path / "b" / "train_log.jsonl").read_text().splitlines()]
+    assert [(r["start"], r["steps"]) for r in log if "start" in r] == [(0, 1), (1, 4)]
+
+
+def test_resume_refuses_other_settings_and_overwrites(tmp_path, capsys):
+    train(tmp_path, "--steps", "4", "--time-limit", "1e-9")
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "4", "--lr", "0.01", "--resume"]) == 2
+    assert "was written with different settings (lr)" in capsys.readouterr().err
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "4"]) == 2
+    assert "holds a checkpoint (train_state.pt); pass --resume" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args,msg", [
+    (["--batch", "3,3"], "--batch needs one positive int per task (3)"),
+    (["--dim", "33"], "--dim 33 must be divisible by --heads 2 into an even head size"),
+    (["--dim", "30"], "--dim 30 must be divisible by --heads 2 into an even head size"),
+    (["--device", "tpu"], "--device must be one of ['cpu', 'cuda']"),
+    (["--tasks", "poetry"], "--tasks: unknown policy 'poetry'"),
+])
+def test_bad_options(tmp_path, capsys, args, msg):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", *args]) == 2
+    assert msg in capsys.readouterr().err
+
+
+def test_mdm_checkpoint_is_a_llada_checkpoint(tmp_path, capsys):
+    from dllm_core import load_model
+
+    train(tmp_path, "--steps", "2")
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["LLaDAModelLM"] and cfg["mask_token_id"] == 5
+    assert "model.transformer.blocks.1.ff_proj.weight" in load_file(tmp_path / "model.safetensors")
+    assert load_model(tmp_path).args.n_layers == 2
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "Sort: 3 1", "--chat", "--gen-length", "8",
+                 "--block-length", "8", "--steps", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nfe"] == 8
+
+
+def test_ar_checkpoint_is_a_qwen3_checkpoint(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    assert main(["train-ar", "--out", str(tmp_path), *TINY[:-2], "--tasks", "sort;count:min_span=1,span=3",
+                 "--batch", "2,2", "--steps", "2", "--kv-heads", "1"]) == 0
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["Qwen3ForCausalLM"] and cfg["num_key_value_heads"] == 1
+    gen = json.loads((tmp_path / "generation_config.json").read_text())
+    assert gen["eos_token_id"] == [4, 1]
+    m = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
+    assert type(m).__name__ == "Qwen3ForCausalLM" and m.config.tie_word_embeddings

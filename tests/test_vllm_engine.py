@@ -1,0 +1,142 @@
+"""The real vLLM engine (Model Runner V2, diffusion pathway, CPU harness) serving tiny LLaDA and
+Dream checkpoints reproduces dllm_core's ``canvas`` reference policy token for token.
+
+One engine per model: both start at once (module fixture), each runs every case below in ONE
+batch of concurrent requests with prompts of different lengths and per-request policies.
+"""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from dllm_core import GenerationConfig, generate, load_model
+from dllm_core.cache.canvas import CanvasCache
+from dllm_core.models import DiffusionLM
+
+pytest.importorskip("vllm")
+from vllm_harness.jobs import CANVAS, ENGINE, finish_engine, start_engine, stop, tiny_checkpoint  # noqa: E402
+
+PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
+           [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
+BLOCKS = 3
+SERVER = {"sampler": "threshold:tau=0.7"}  # server-wide --additional-config dllm
+# name -> (extra_args, max_tokens, reference sampler, reference cache, steps per block, block length)
+CASES = {
+    "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 4}, 24, "low_confidence", "none", 4, CANVAS),
+    "threshold": ({"dllm_sampler": "threshold:tau=0.6"}, 24, "threshold:tau=0.6", "none", CANVAS, CANVAS),
+    "slowfast": ({"dllm_sampler": "slowfast"}, 24, "slowfast", "none", CANVAS, CANVAS),
+    "factor": ({"dllm_sampler": "factor"}, 24, "factor", "none", CANVAS, CANVAS),
+    "server_default": ({}, 24, SERVER["sampler"], "none", CANVAS, CANVAS),
+    "dllm_exact": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "dllm:kp=50,kr=3,rho=1.0"},
+                   24, "low_confidence", "dllm:kr=3,rho=1.0", 4, CANVAS),
+    "dllm_approx": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dllm:kr=3,rho=0.25"}, 24,
+                    "threshold:tau=0.6", "dllm:kr=3,rho=0.25", CANVAS, CANVAS),
+    "short": ({"dllm_sampler": "threshold:tau=0.6"}, 20, "threshold:tau=0.6", "none", CANVAS, CANVAS),
+    # two semi-autoregressive blocks of 4 inside each canvas of 8
+    "blocks_low_confidence": ({"dllm_sampler": "low_confidence", "dllm_block_length": 4, "dllm_steps": 2}, 24,
+                              "low_confidence", "none", 2, 4),
+    "blocks_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": 4,
+                          "dllm_cache": "dllm:kr=2,rho=0.25"}, 24, "threshold:tau=0.6", "dllm:kr=2,rho=0.25", 4, 4),
+}
+INVALID = {
+    "dllm_sampler": {"dllm_sampler": "bogus"},
+    "dllm_cache": {"dllm_cache": "dual"},
+    "dllm_steps": {"dllm_steps": 0},
+    "dllm_colour": {"dllm_colour": "red"},
+    "tau": {"dllm_sampler": "threshold:tau=1.5"},
+    "block_length": {"dllm_block_length": 3},
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {a: tiny_checkpoint(tmp_path_factory.mktemp(f"vllm_{a}"), a) for a in ("llada", "dream")}
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints):
+    """Both engines start together (each ~30-60 s of start-up on 2 cores)."""
+    batch = [{"prompt_token_ids": p, "params": {"max_tokens": mt, "ignore_eos": True, "extra_args": xa}}
+             for xa, mt, *_ in CASES.values() for p in PROMPTS]
+    invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}}
+               for xa in INVALID.values()]
+    engine = {**ENGINE, "additional_config": {"dllm": SERVER}}
+    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid})
+             for a, d in checkpoints.items()}
+    yield procs
+    for p in procs.values():
+        stop(p)
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def served(request, engines, checkpoints):
+    """(per-case vLLM outputs, invalid-request errors, reference model) of one architecture."""
+    res = finish_engine(engines[request.param])
+    print(f"\nvLLM {request.param}: startup {res['seconds']['startup']:.1f} s, "
+          f"{len(res['batches'][0])} requests {res['seconds']['generate']:.1f} s")
+    outs = res["batches"][0]
+    n = len(PROMPTS)
+    per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    return per_case, dict(zip(INVALID, res["invalid"])), load_model(checkpoints[request.param])
+
+
+def reference(model, sampler: str, cache: str, steps: int, block: int = CANVAS) -> list[list[int]]:
+    """dllm_core's canvas policy: canvases of CANVAS positions made of CANVAS // block blocks."""
+    n_blocks = BLOCKS * CANVAS // block
+    cfg = GenerationConfig(gen_length=BLOCKS * CANVAS, block_length=block, steps=n_blocks * steps, sampler=sampler,
+                           cache=replace(CanvasCache.from_spec(cache), blocks=CANVAS // block))
+    return generate(model, PROMPTS, cfg).tokens.tolist()
+
+
+@pytest.mark.parametrize("case", ["low_confidence", "threshold", "slowfast", "factor", "server_default",
+                                  "blocks_low_confidence", "blocks_threshold"])
+def test_greedy_output_equals_canvas_reference(served, case):
+    outs, _, model = served
+    _, max_tokens, sampler, cache, steps, block = CASES[case]
+    assert outs[case] == reference(model, sampler, cache, steps, block)
+
+
+def test_dllm_cache_exact_setting_reproduces_uncached_output(served):
+    """rho=1 recomputes every canvas position on the adaptive steps: identical to no cache, through
+    vLLM's cached-layer path (K/V and features taken from the canvas cache, then overwritten)."""
+    outs, _, model = served
+    assert outs["dllm_exact"] == outs["low_confidence"]
+    assert outs["dllm_exact"] == reference(model, "low_confidence", "dllm:kr=3,rho=1.0", 4)
+
+
+def test_dllm_cache_approximate_setting_equals_reference(served):
+    outs, _, model = served
+    ref = reference(model, "threshold:tau=0.6", "dllm:kr=3,rho=0.25", CANVAS)
+    assert outs["dllm_approx"] == ref
+    assert ref != reference(model, "threshold:tau=0.6", "none", CANVAS)  # the cache did change something
+
+
+def test_max_tokens_inside_a_canvas_truncates_it(served):
+    outs, _, model = served
+    full = reference(model, "threshold:tau=0.6", "none", CANVAS)
+    assert outs["short"] == [r[:20] for r in full]
+
+
+def test_bad_per_request_options_are_rejected_at_admission(served):
+    _, errors, _ = served
+    assert "extra_args.dllm_sampler" in errors["dllm_sampler"] and "'bogus'" in errors["dllm_sampler"]
+    assert "allowed: ['canvas', 'dllm', 'none']" in errors["dllm_cache"]
+    assert "extra_args.dllm_steps" in errors["dllm_steps"] and ">= 1" in errors["dllm_steps"]
+    assert "unknown dllm option" in errors["dllm_colour"]
+    assert "tau must be in [0.0, 1.0]" in errors["tau"]
+    assert "block_length 3 must divide the served canvas_length 8" in errors["block_length"]
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_reference_decisions_are_robust(checkpoints, arch, monkeypatch):
+    """Token-for-token equality is only meaningful if no decision of the reference is a float-noise
+    tie: +-1e-3 noise on every logit must not change any case's output."""
+    model = load_model(checkpoints[arch])
+    cases = {k: v for k, v in CASES.items() if k != "short"}
+    clean = {k: reference(model, *v[2:]) for k, v in cases.items()}
+    logits = DiffusionLM.logits
+    for eps in (1e-3, -1e-3):
+        gen = torch.Generator().manual_seed(1234)
+        monkeypatch.setattr(DiffusionLM, "logits", lambda self, h, e=eps: (lambda lg: lg + e * torch.randn(
+            lg.shape, generator=gen))(logits(self, h)))
+        assert {k: reference(model, *v[2:]) for k, v in cases.items()} == clean

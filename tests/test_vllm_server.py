@@ -1,0 +1,97 @@
+"""The OpenAI-compatible server (started through the ``--dllm-*`` launcher, CPU harness) answers
+completions with the canvas reference's tokens, takes per-request options through ``vllm_xargs``,
+and rejects a bad option with HTTP 400 while it keeps serving."""
+import json
+import socket
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from dllm_core import GenerationConfig, generate, load_model
+from dllm_core.cache.canvas import CanvasCache
+
+pytest.importorskip("vllm")
+from vllm_harness.jobs import CANVAS, start_server, stop, tiny_checkpoint  # noqa: E402
+
+PROMPT = [30, 31, 32, 33, 34]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    model = tiny_checkpoint(tmp_path_factory.mktemp("vllm_srv"), "llada")
+    port = free_port()
+    proc = start_server(model, port, "--dllm-sampler", "threshold:tau=0.7", "--dllm-cache", "none")
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 400
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                pytest.fail(f"server exited ({proc.returncode}):\n{proc.stdout.read()[-6000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        else:
+            pytest.fail("server did not come up in 400 s")
+        yield url, model, load_model(model)
+    finally:
+        stop(proc)
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=120) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def complete(server, **xargs):
+    url, model_dir, _ = server
+    body = {"model": str(model_dir), "prompt": PROMPT, "max_tokens": 16, "ignore_eos": True,
+            "return_token_ids": True}
+    if xargs:
+        body["vllm_xargs"] = xargs
+    return post(url, body)
+
+
+def reference(model, sampler: str, steps: int = CANVAS) -> list[int]:
+    cfg = GenerationConfig(gen_length=2 * CANVAS, block_length=CANVAS, steps=2 * steps, sampler=sampler,
+                           cache=CanvasCache())
+    return generate(model, [PROMPT], cfg).tokens[0].tolist()
+
+
+def test_completion_uses_the_server_wide_sampler(server):
+    code, body = complete(server)
+    assert code == 200, body
+    assert body["choices"][0]["token_ids"] == reference(server[2], "threshold:tau=0.7")
+    assert body["usage"]["completion_tokens"] == 16
+
+
+def test_per_request_options_through_vllm_xargs(server):
+    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="dllm:kr=2,rho=1.0")
+    assert code == 200, body
+    assert body["choices"][0]["token_ids"] == reference(server[2], "low_confidence", steps=4)
+
+
+def test_bad_option_is_a_400_and_the_server_keeps_serving(server):
+    code, body = complete(server, dllm_sampler="threshold:tau=7")
+    assert code == 400
+    assert "extra_args.dllm_sampler" in body["error"]["message"] and "tau must be in [0.0, 1.0]" in \
+        body["error"]["message"]
+    code, body = complete(server, dllm_cache="prefix")
+    assert code == 400 and "extra_args.dllm_cache" in body["error"]["message"]
+    code, body = complete(server)
+    assert code == 200 and body["choices"][0]["token_ids"] == reference(server[2], "threshold:tau=0.7")

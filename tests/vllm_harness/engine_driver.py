@@ -1,0 +1,39 @@
+"""TEST-ONLY: run ONE vLLM engine (under this directory's CPU harness) over a JSON job.
+
+stdin:  {"model": DIR, "engine": {LLM kwargs}, "batches": [[{"prompt_token_ids": [...],
+         "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...]}
+stdout: a line ``RESULT {"batches": [[token ids per request], ...], "invalid": [error text | null],
+         "seconds": {"startup": s, "generate": s}}``
+
+Each batch is submitted at once (the engine batches the requests concurrently); ``invalid``
+requests are submitted one by one and must be rejected at admission.
+"""
+import json
+import sys
+import time
+
+
+def main() -> None:
+    job = json.load(sys.stdin)
+    from vllm import LLM, SamplingParams
+
+    t0 = time.perf_counter()
+    llm = LLM(model=job["model"], tokenizer=job["model"], **job["engine"])
+    t1 = time.perf_counter()
+    out = {"batches": [], "invalid": []}
+    for batch in job["batches"]:
+        res = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in batch],
+                           [SamplingParams(**r["params"]) for r in batch], use_tqdm=False)
+        out["batches"].append([list(o.outputs[0].token_ids) for o in res])
+    for r in job.get("invalid", []):
+        try:
+            llm.generate([{"prompt_token_ids": r["prompt_token_ids"]}], SamplingParams(**r["params"]), use_tqdm=False)
+            out["invalid"].append(None)
+        except Exception as e:  # noqa: BLE001 - vLLM raises VLLMValidationError (a client error)
+            out["invalid"].append(f"{type(e).__name__}: {e}")
+    out["seconds"] = {"startup": t1 - t0, "generate": time.perf_counter() - t1}
+    print("RESULT " + json.dumps(out), flush=True)
+
+
+if __name__ == "__main__":
+    main()

