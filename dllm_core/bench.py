@@ -11,6 +11,7 @@ engine's decoding time (tokenization and model loading excluded)."""
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 from dataclasses import dataclass, replace
@@ -192,6 +193,7 @@ def add_parser(sub) -> None:
     b.add_argument("--seed", type=int, default=0)
     b.add_argument("--device", default="cpu")
     b.add_argument("--dtype", default="float32")
+    b.add_argument("--threads", type=int, default=None, help="CPU threads for torch (default: torch's choice)")
     b.add_argument("--no-progress", action="store_true")
     b.set_defaults(func=cmd_bench)
 
@@ -199,7 +201,9 @@ def add_parser(sub) -> None:
 def command(a, tasks: list[Task], n: int) -> str:
     """The explicit ``dllm bench`` command line equivalent to this run (quick defaults expanded)."""
     spec = ";".join(t.label for t in tasks)
-    return (f"dllm bench --model {a.model} --tasks '{spec}' --samplers '{a.samplers}' --caches '{a.caches}' "
+    model = os.path.relpath(a.model) if Path(a.model).resolve().is_relative_to(Path.cwd()) else a.model
+    threads = f" --threads {a.threads}" if a.threads else ""
+    return (f"dllm bench --model {model}{threads} --tasks '{spec}' --samplers '{a.samplers}' --caches '{a.caches}' "
             f"--n {n} --batch-size {a.batch_size} --repeat {a.repeat} --seed {a.seed} --device {a.device} "
             f"--dtype {a.dtype} --out {a.out}")
 
@@ -217,6 +221,10 @@ def cmd_bench(a) -> int:
         raise ValueError(f"--n must be >= 1, got {n}")
     samplers, caches = _split(a.samplers, "--samplers"), _split(a.caches, "--caches")
     check_specs(samplers, caches, a.repeat, a.batch_size)
+    if a.threads is not None:
+        if a.threads < 1:
+            raise ValueError(f"--threads must be >= 1, got {a.threads}")
+        torch.set_num_threads(a.threads)
     model = load_model(a.model, a.device, torch_dtype(a.dtype))
     tok = load_tokenizer(a.model)
     torch.manual_seed(a.seed)
@@ -224,9 +232,9 @@ def cmd_bench(a) -> int:
     rows = run_grid(model, tok, wls, samplers, caches, a.batch_size, a.repeat, progress=not a.no_progress)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"command": command(a, tasks, n), "model": str(a.model), "device": a.device, "dtype": a.dtype, "torch": torch.__version__,
-            "machine": platform.machine(), "threads": torch.get_num_threads(), "n": n, "batch_size": a.batch_size,
-            "repeat": a.repeat, "seed": a.seed, "tasks": [t.label for t in tasks],
+    meta = {"command": command(a, tasks, n), "model": str(a.model), "device": a.device, "dtype": a.dtype,
+            "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(), "n": n,
+            "batch_size": a.batch_size, "repeat": a.repeat, "seed": a.seed, "tasks": [t.label for t in tasks],
             "canvas": {w.name: {"gen_length": w.cfg.gen_length, "block_length": w.cfg.block_length,
                                 "steps": w.cfg.steps, "prompt_tokens": max(map(len, w.prompts))} for w in wls}}
     (out / "bench.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))

@@ -56,6 +56,8 @@ def test_build_tree_merges_prefixes_and_mask_sees_only_ancestors():
         assert not block[a, b]
     assert tree_position_ids(tree, 5).tolist() == [[5, 6, 7, 8, 8, 6, 7, 7]]
     assert sorted(map(tuple, tree.chains.tolist())) == [(1, 2, 3), (1, 2, 4), (1, 7, -1), (5, 6, -1)]
+    row = tree.chains.tolist().index([1, 7, -1])
+    assert tree.drafts[row].tolist() == [1, 9, -1] and tree.before[row].tolist() == [0, 1, 7, 0]
 
 
 def test_build_tree_respects_max_nodes():
@@ -107,7 +109,7 @@ def test_accept_tree_breaks_ties_at_random():
     and the emitted tokens are the same either way."""
     tree = Tree(tokens=torch.tensor([7, 1, 1]), parents=torch.tensor([0, 0, 0]), depth=torch.tensor([0, 1, 1]),
                 ancestors=torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool),
-                chains=torch.tensor([[1], [2]]))
+                chains=torch.tensor([[1], [2]]), drafts=torch.tensor([[1], [1]]), before=torch.tensor([[0, 1], [0, 2]]))
     choice = torch.tensor([1, 5, 5])
     picks = {tuple(accept_tree(tree, choice, torch.Generator().manual_seed(s)).nodes) for s in range(20)}
     assert picks == {(1,), (2,)}

@@ -24,7 +24,7 @@ def test_server_wide_options_from_additional_config():
     ({"cache": "dual"}, "--additional-config dllm.cache: --cache: 'dual' is not available"),
     ({"steps": 0}, "--additional-config dllm.steps: steps must be >= 1"),
     ({"steps": "8"}, "--additional-config dllm.steps must be an integer"),
-    ({"speed": 2}, "--additional-config dllm.speed: unknown dllm option; allowed: ['cache', "),
+    ({"speed": 2}, "--additional-config dllm.speed: unknown dllm option; allowed: ['block_length', 'cache', "),
 ])
 def test_server_wide_errors_name_the_option(raw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", "\\[").replace("(", "\\(")):

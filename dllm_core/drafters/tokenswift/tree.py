@@ -29,6 +29,8 @@ class Tree:
     depth: torch.Tensor      # [N] int64: 0 for the root
     ancestors: torch.Tensor  # [N, N] bool: row i = the nodes on the root..i path, i included
     chains: torch.Tensor     # [P, D] int64: node ids of each root->leaf chain below the root, -1 padded
+    drafts: torch.Tensor     # [P, D] int64: their tokens, -1 padded (never equal to a target choice)
+    before: torch.Tensor     # [P, D+1] int64: the node each chain position is verified against (root first)
 
     @property
     def size(self) -> int:
@@ -66,10 +68,14 @@ def build_tree(root: int, paths: Iterable[Sequence[int]], max_nodes: int | None 
     leaves = [paths[i][1:] for i in range(1, n) if not children[i]]
     width = max((len(c) for c in leaves), default=0)
     chains = [c + [-1] * (width - len(c)) for c in leaves]
+    drafts = [[tokens[j] if j >= 0 else -1 for j in c] for c in chains]
+    before = [[0] + [max(j, 0) for j in c] for c in chains]
     as_long = dict(dtype=torch.long, device=device)
     return Tree(torch.tensor(tokens, **as_long), torch.tensor(parents, **as_long), torch.tensor(depth, **as_long),
                 torch.tensor(anc, dtype=torch.bool, device=device),
-                torch.tensor(chains, **as_long).view(len(chains), width))
+                torch.tensor(chains, **as_long).view(len(chains), width),
+                torch.tensor(drafts, **as_long).view(len(chains), width),
+                torch.tensor(before, **as_long).view(len(chains), width + 1))
 
 
 def tree_attention_mask(tree: Tree, prefix_len: int) -> torch.Tensor:
@@ -110,9 +116,7 @@ def accept_tree(tree: Tree, choice: torch.Tensor, generator: torch.Generator | N
     if tree.chains.numel() == 0:
         return TreeAcceptance([], choice[0])
     chains = tree.chains  # [P, D]
-    drafts = torch.where(chains >= 0, tree.tokens[chains.clamp(min=0)], -1)  # [P, D]: -1 never matches
-    before = torch.cat([torch.zeros_like(chains[:, :1]), chains.clamp(min=0)], 1)  # [P, D+1]: root + chain
-    acc = accept_match(drafts, choice[before])
+    acc = accept_match(tree.drafts, choice[tree.before])  # per chain: drafts vs the target's choices
     noise = torch.rand(chains.shape[0], generator=generator, device=chains.device)
     best = int((acc.num_accepted.float() + 0.5 * noise).argmax())  # the longest; uniform among equals
     n = int(acc.num_accepted[best])
