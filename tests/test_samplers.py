@@ -134,6 +134,7 @@ def test_threshold_matches_sglang_low_confidence():
     ours.begin_block(st, ids == mask)
     for _ in range(6):
         logits = torch.randn(B, L, V, generator=g) * 4
+        logits[..., mask] = -1e4  # neither side may propose [MASK]
         fb = types.SimpleNamespace(batch_size=B, input_ids=ids.clone().view(-1), dllm_prompt_mask=None)
         algo.step(fb, logits.view(B * L, V), [None] * B)
         x0, commit = ours.step(logits, ids, st, tc)

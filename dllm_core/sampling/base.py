@@ -56,8 +56,9 @@ def filter_logits(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
 def propose(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
     """Candidate token per position: argmax (greedy) or Gumbel-max in float64 (LLaDA's sampler,
     an exact sample of softmax(logits / T)). [B, W, V] -> [B, W]."""
+    logits = logits.clone()
+    logits[..., tc.mask_id] = NEG  # [MASK] is never a proposal: committing it would not unmask
     if tc.logits_eos_inf and tc.eos_id is not None:
-        logits = logits.clone()
         logits[..., tc.eos_id] = NEG
     if tc.temperature <= 0:
         return logits.argmax(-1)
