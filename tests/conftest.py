@@ -1,7 +1,12 @@
 import pytest
+import torch
 
 from dllm_core import load_model
 from dllm_core.testing import build_tiny_checkpoint
+
+# tiny models: one intra-op thread is ~100x faster than two on a busy 2-core machine (thread hand-off
+# dominates microsecond kernels); engine subprocesses set their own threads
+torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")

@@ -52,6 +52,18 @@ def test_arithmetic_worked_solution_is_correct():
         assert Arithmetic().score(ex.response, ex)
 
 
+def test_arithmetic_forms_and_defaults():
+    chain = Arithmetic(hi=40, max_operand=15, max_total=99).examples("test", 50)
+    restated = Arithmetic(hi=40, max_operand=15, max_total=99, form="restated").examples("test", 50)
+    assert [(e.prompt, e.answer, e.key) for e in chain] == [(e.prompt, e.answer, e.key) for e in restated]
+    e = next(e for e in restated if e.key == "19-15-3")
+    assert e.response == "19-15=4. 4-3=1.\n#### 1"
+    assert next(c for c in chain if c.key == "19-15-3").response == "19-15=4-3=1\n#### 1"
+    assert all(len(x) == 1 for ex in Arithmetic().examples("test", 200) for x in re.findall(r"\d+", ex.prompt))
+    with pytest.raises(ValueError, match=r"--tasks arithmetic.form must be one of \['chain', 'restated'\]"):
+        make_task("arithmetic:form=prose")
+
+
 def test_arithmetic_scoring_uses_final_answer():
     ex = Arithmetic().examples("test", 1)[0]
     t = Arithmetic()

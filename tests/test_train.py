@@ -72,3 +72,34 @@ def test_ar_checkpoint_is_a_qwen3_checkpoint(tmp_path):
     assert gen["eos_token_id"] == [4, 1]
     m = AutoModelForCausalLM.from_pretrained(tmp_path, local_files_only=True)
     assert type(m).__name__ == "Qwen3ForCausalLM" and m.config.tie_word_embeddings
+
+
+def _spy_inputs(module):
+    seen = []
+    return seen, module.register_forward_pre_hook(lambda m, args: seen.append(args[0].clone()))
+
+
+@pytest.mark.parametrize("frac", [0.0, 1.0])
+def test_prompt_noise_rows(llada, frac):
+    """--prompt-noise: 0 keeps every prompt clean (SFT); 1 noises whole rows (pre-training loss, prompt
+    included) but never the left padding; the loss is the 1/t-weighted CE normalised per row."""
+    from dllm_core.train.mdm import mdm_loss
+
+    model = llada
+    B, P, T, mask = 8, 6, 14, model.args.mask_token_id
+    x = torch.randint(6, 100, (B, T))
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[:, :2] = False  # left padding
+    pos = (keep.cumsum(-1) - 1).clamp_min(0)
+    seen, hook = _spy_inputs(model.embed)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(0), True, frac)
+    hook.remove()
+    noisy = seen[0] == mask
+    assert not noisy[:, :2].any() and noisy[:, P:].any()
+    assert noisy[:, 2:P].any() == (frac == 1.0)
+    assert torch.isfinite(loss) and loss > 0
+
+
+def test_prompt_noise_is_validated(tmp_path, capsys):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--prompt-noise", "1.5"]) == 2
+    assert "--prompt-noise must be in [0, 1], got 1.5" in capsys.readouterr().err

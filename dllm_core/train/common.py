@@ -39,6 +39,9 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
                                                  "tokenizer): fine-tuning / continuing a finished run")
     p.add_argument("--t-sampling", default=d.t_sampling,
                    help="masked-diffusion noise levels per batch: stratified (low-discrepancy) or iid")
+    p.add_argument("--prompt-noise", type=float, default=d.prompt_noise,
+                   help="masked diffusion: fraction of rows whose prompt is noised too, loss on every masked "
+                        "token (LLaDA's pre-training objective mixed into SFT); 0 = pure SFT")
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="seconds: stop early once exceeded, saving the model and a resumable checkpoint (0: none)")
 
@@ -53,7 +56,8 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        n_heads=a.heads, n_kv_heads=a.kv_heads, ffn=a.ffn, max_len=a.max_len,
                        save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
                        save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit,
-                       init=a.init, t_sampling=a.t_sampling)
+                       init=a.init, t_sampling=a.t_sampling,
+                       prompt_noise=a.prompt_noise)
 
 
 def setup(cfg: TrainConfig):

@@ -40,6 +40,7 @@ class TrainConfig:
     time_limit: float = 0.0  # seconds; stop early (saving everything) once exceeded, 0 = none
     init: str | None = None  # start from this checkpoint's weights (same sizes) instead of a random init
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
+    prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
 
     def __post_init__(self):
         tasks = parse_tasks(self.tasks)
@@ -63,6 +64,8 @@ class TrainConfig:
             raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.t_sampling not in T_SAMPLING:
             raise ValueError(f"--t-sampling must be one of {list(T_SAMPLING)}, got {self.t_sampling!r}")
+        if not 0 <= self.prompt_noise <= 1:
+            raise ValueError(f"--prompt-noise must be in [0, 1], got {self.prompt_noise}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--save-dtype must be one of ['bfloat16', 'float32'], got {self.save_dtype!r}")
 

@@ -36,20 +36,26 @@ def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) 
 
 
 def mdm_loss(model: LLaDAModelLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
-             gen: torch.Generator, stratified: bool = True) -> torch.Tensor:
-    """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss."""
-    resp = x[:, P:]  # [B, G]
-    B, G = resp.shape
+             gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0) -> torch.Tensor:
+    """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
+
+    SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
+    whole, prompt included (LLaDA's pre-training loss). Each row's loss is normalised by the number of
+    tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows."""
+    B, T = x.shape
     t = noise_levels(B, gen, x.device, stratified)  # [B, 1]
-    masked = torch.rand(B, G, generator=gen, device=x.device) < t  # [B, G]
-    noisy = x.clone()
-    noisy[:, P:] = resp.masked_fill(masked, mask_id)
-    h, rope = model.embed(noisy), model.rope(pos)
+    whole = torch.rand(B, 1, generator=gen, device=x.device) < prompt_noise  # [B, 1]
+    col = torch.arange(T, device=x.device)[None]  # [1, T]
+    noisable = keep[:, 0, 0] & ((col >= P) | whole)  # [B, T]
+    masked = (torch.rand(B, T, generator=gen, device=x.device) < t) & noisable  # [B, T]
+    first = 0 if prompt_noise > 0 else P  # positions whose logits are needed
+    h, rope = model.embed(x.masked_fill(masked, mask_id)), model.rope(pos)
     for layer in model.layers:
         h = layer(h, rope, keep)
-    logits = model.logits(h[:, P:])  # [B, G, V]
-    ce = F.cross_entropy(logits.flatten(0, 1), resp.flatten(), reduction="none").view(B, G)
-    return (ce * masked / t).sum() / (B * G)
+    logits = model.logits(h[:, first:])  # [B, T - first, V]
+    ce = F.cross_entropy(logits.flatten(0, 1), x[:, first:].flatten(), reduction="none").view(B, -1)
+    per_row = (ce * masked[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
+    return per_row.mean()
 
 
 def build(cfg: TrainConfig, ids: dict) -> tuple[LLaDAModelLM, dict]:
@@ -77,7 +83,8 @@ def cmd_train_mdm(a) -> int:
         gen, total, n = step_generator(cfg, step), 0.0, 0
         for task, b in zip(tasks, sizes):
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step), ids, cfg.device)
-            loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified")
+            loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
+                            cfg.prompt_noise)
             total = total + loss
             n += x.numel()
         return total / len(tasks), n
