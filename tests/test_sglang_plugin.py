@@ -117,6 +117,8 @@ BAD = [("SlowFast", "k: 0", r"SlowFast: slowfast\.k must be >= 1, got 0"),
        ("FastDllmThreshold", "dllm_cache: {rho: 2}", r"FastDllmThreshold\.dllm_cache: rho must be in \[0\.0, 1\.0\]"),
        ("FastDllmThreshold", "dllm_cache: {kp: 50}",
         r"dllm_cache has no option 'kp'; allowed: \[.*'first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
+       ("FastDllmThreshold", "dllm_cache: {blocks: 2}",  # SGLang's canvas is one block
+        r"dllm_cache has no option 'blocks'; allowed: \[.*'first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
        ("FastDllmThreshold", "dllm_cache: {select: query}", r"select must be one of \['key', 'random', 'value'\]"),
        ("FastDllmThreshold", "dllm_cache: 7", r"dllm_cache must be a mapping of \[.*'first_layer', 'kr'"),
        ("DllmCore", "sampler: nope", r"DllmCore\.sampler: unknown policy 'nope'; allowed: \[.*'slowfast'"),

@@ -27,7 +27,7 @@ from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
 DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
 HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
 CACHE_KEY = "dllm_cache"
-NOT_IN_SGLANG = ("graphs",)  # reference-engine knobs with no meaning inside SGLang
+NOT_IN_SGLANG = ("graphs", "blocks")  # reference-engine knobs with no meaning inside SGLang (its canvas is one block)
 
 
 def read_yaml(path: str | None) -> dict:
