@@ -73,3 +73,26 @@ def test_qwen3_serves_in_vllm_like_transformers():
     want = run_ar(model, tok, Arithmetic(), exs, batch_size=1, max_new_tokens=48).tokens
     assert [g[:len(w)] for g, w in zip(got, want)] == want
     assert all(g[len(w)] in (4, 1) for g, w in zip(got, want))  # stopped at EOT / EOS
+
+
+TS_HEADS = ROOT / "tokenswift-qwen3-tasks"
+
+
+@need(TS_HEADS)
+def test_shipped_tokenswift_heads_are_lossless_and_accepted():
+    """The shipped heads fit the shipped target; with the benchmark's settings (docs/benchmarks.md) a
+    free-running generation is token-identical to AR and emits several tokens per verification."""
+    from dllm_core.drafters.target import load_target
+    from dllm_core.drafters.tokenswift import TokenSwiftConfig, autoregressive_generate, load_heads, \
+        tokenswift_generate
+    from dllm_core.tasks import make_task
+    from dllm_core.tokenizer import encode_prompt, load_tokenizer
+    from dllm_core.train.dflash import stop_ids
+
+    target, tok = load_target(QWEN), load_tokenizer(QWEN)
+    prompt = encode_prompt(tok, make_task("count:span=2000").examples("test", 1)[0].prompt, True)
+    cfg = TokenSwiftConfig(max_new_tokens=400, banned_token_ids=tuple(stop_ids(tok, target.config)), max_nodes=10,
+                           head_paths=1, head_topk=1, ngram_topk=1, ngram_n=8)
+    ts = tokenswift_generate(target, load_heads(TS_HEADS), prompt, cfg)
+    assert ts.tokens == autoregressive_generate(target, prompt, cfg).tokens
+    assert ts.tokens_per_step > 2.0, ts.tokens_per_step
