@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 
-from transformers import PretrainedConfig, Qwen2Config
+from dllm_core.models import hf_config
 
 logger = logging.getLogger(__name__)
 
@@ -17,36 +17,20 @@ DEFAULT_CANVAS = 32
 VALIDATOR = "integrations.vllm.options:DllmRequestValidator"
 
 
-class LLaDAConfig(PretrainedConfig):
-    """LLaDA's OLMo-style fields, exposed under the names vLLM reads."""
+class LLaDAConfig(hf_config.LLaDAConfig):
+    """LLaDA's config under the names vLLM reads, + ``canvas_length``; mask id defaults to LLaDA-8B's."""
 
-    model_type = "llada"
-    attribute_map = {"hidden_size": "d_model", "num_attention_heads": "n_heads", "num_hidden_layers": "n_layers",
-                     "num_key_value_heads": "n_kv_heads", "intermediate_size": "mlp_hidden_size",
-                     "max_position_embeddings": "max_sequence_length"}
-
-    def __init__(self, d_model=4096, n_layers=32, n_heads=32, n_kv_heads=None, mlp_hidden_size=12288,
-                 vocab_size=126464, embedding_size=None, max_sequence_length=4096, rope_theta=500000.0,
-                 rms_norm_eps=1e-5, weight_tying=False, mask_token_id=126336, canvas_length=DEFAULT_CANVAS, **kw):
-        self.d_model, self.n_layers, self.n_heads = d_model, n_layers, n_heads
-        self.n_kv_heads = n_kv_heads or n_heads
-        self.mlp_hidden_size, self.max_sequence_length = mlp_hidden_size, max_sequence_length
-        self.embedding_size = embedding_size or vocab_size
-        self.vocab_size = self.embedding_size  # logits over every embedding row, as the native model
-        self.rope_theta, self.rms_norm_eps, self.weight_tying = float(rope_theta), rms_norm_eps, weight_tying
-        self.mask_token_id, self.canvas_length = mask_token_id, canvas_length
-        kw.setdefault("tie_word_embeddings", bool(weight_tying))
-        super().__init__(**kw)
+    def __init__(self, mask_token_id=126336, canvas_length=DEFAULT_CANVAS, **kw):
+        self.canvas_length = canvas_length
+        super().__init__(mask_token_id=mask_token_id, **kw)
 
 
-class DreamConfig(Qwen2Config):
-    """Dream-v0 (Qwen2.5 layout) plus its mask token."""
-
-    model_type = "Dream"
+class DreamConfig(hf_config.DreamConfig):
+    """Dream-v0 + ``canvas_length``; mask id defaults to Dream-v0's."""
 
     def __init__(self, mask_token_id=151666, canvas_length=DEFAULT_CANVAS, **kw):
-        self.mask_token_id, self.canvas_length = mask_token_id, canvas_length
-        super().__init__(**kw)
+        self.canvas_length = canvas_length
+        super().__init__(mask_token_id=mask_token_id, **kw)
 
 
 def register_configs() -> None:
