@@ -1,7 +1,8 @@
 """TrainConfig: every knob of one training run, validated once in ``__post_init__``."""
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import ClassVar
 
 from ..tasks import parse_tasks
 
@@ -14,6 +15,8 @@ class TrainConfig:
     """Model sizes, optimisation and the task mixture. ``tasks`` is a ``;``-separated list of task
     specs and ``batch`` the number of examples of each task in every optimizer step (one int per task)."""
 
+    RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "eval_n", "device", "out",
+                                          "time_limit")  # not part of a resumable run's identity
     out: str
     tasks: str = "arithmetic;sort;retrieval:min_pairs=4"
     batch: str = "32,16,2"
@@ -78,10 +81,3 @@ class TrainConfig:
 
     def task_list(self):
         return parse_tasks(self.tasks)
-
-    def fingerprint(self) -> dict:
-        """Fields a resumed run must share with the checkpoint it continues."""
-        d = asdict(self)
-        for k in ("resume", "save_every", "eval_every", "eval_n", "device", "out", "time_limit"):
-            d.pop(k)
-        return d

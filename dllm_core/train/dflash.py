@@ -16,6 +16,7 @@ import json
 import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -26,6 +27,9 @@ INITS = ("random", "target")
 @dataclass(frozen=True)
 class DFlashTrainConfig:
     """Every knob of one drafter training run (field names follow ``train/loop.py``'s contract)."""
+
+    RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "device", "out", "regen_batch",
+                                          "keep_data", "time_limit")  # not part of a resumable run's identity
 
     target: str
     out: str
@@ -89,13 +93,6 @@ class DFlashTrainConfig:
     @property
     def data_path(self) -> Path:
         return Path(self.out) / "regenerated.pt"
-
-    def fingerprint(self) -> dict:
-        """Fields a resumed run must share with the checkpoint it continues."""
-        d = asdict(self)
-        for k in ("resume", "save_every", "eval_every", "device", "out", "regen_batch", "keep_data", "time_limit"):
-            d.pop(k)
-        return d
 
 
 # --- data ---------------------------------------------------------------------------------------------------

@@ -7,6 +7,7 @@ import json
 import math
 import os
 import time
+from dataclasses import asdict
 from pathlib import Path
 from typing import Callable
 
@@ -34,6 +35,12 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
+def fingerprint(cfg) -> dict:
+    """The settings a resumed run must share with its checkpoint: every field of the (dataclass) config
+    except those its ``RUNTIME`` names (output dir, device, checkpoint/eval cadence, ...)."""
+    return {k: v for k, v in asdict(cfg).items() if k not in cfg.RUNTIME}
+
+
 def state_path(cfg: TrainConfig) -> Path:
     return Path(cfg.out) / STATE
 
@@ -41,7 +48,7 @@ def state_path(cfg: TrainConfig) -> Path:
 def save_state(path: Path, model, opt, step: int, cfg: TrainConfig) -> None:
     """Atomic write of everything a resumed run needs."""
     tmp = path.with_suffix(".tmp")
-    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": cfg.fingerprint()},
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": fingerprint(cfg)},
                tmp)
     os.replace(tmp, path)
 
@@ -49,8 +56,9 @@ def save_state(path: Path, model, opt, step: int, cfg: TrainConfig) -> None:
 def load_state(path: Path, model, opt, cfg: TrainConfig) -> int:
     """Restore model + optimizer from ``path``; returns the step to continue from."""
     st = torch.load(path, map_location=cfg.device, weights_only=True)
-    if st["config"] != cfg.fingerprint():
-        diff = sorted(k for k in cfg.fingerprint() if st["config"].get(k) != cfg.fingerprint()[k])
+    want = fingerprint(cfg)
+    if st["config"] != want:
+        diff = sorted(k for k in want if st["config"].get(k) != want[k])
         raise ValueError(f"--resume: {path} was written with different settings ({', '.join(diff)})")
     model.load_state_dict(st["model"])
     opt.load_state_dict(st["opt"])

@@ -14,14 +14,19 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
+
+from ...train.dflash import DFlashTrainConfig
 
 
 @dataclass(frozen=True)
 class TokenSwiftTrainConfig:
     """Every knob of one heads training run (field names follow ``train/loop.py``'s contract)."""
+
+    RUNTIME: ClassVar[tuple[str, ...]] = DFlashTrainConfig.RUNTIME  # not part of a resumable run's identity
 
     target: str
     out: str
@@ -67,12 +72,6 @@ class TokenSwiftTrainConfig:
     @property
     def data_path(self) -> Path:
         return Path(self.out) / "tokenswift_data.pt"
-
-    def fingerprint(self) -> dict:
-        d = asdict(self)
-        for k in ("resume", "save_every", "eval_every", "device", "out", "regen_batch", "keep_data", "time_limit"):
-            d.pop(k)
-        return d
 
 
 # --- data ---------------------------------------------------------------------------------------------------
