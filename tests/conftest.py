@@ -9,6 +9,12 @@ from dllm_core.testing import build_tiny_checkpoint
 torch.set_num_threads(1)
 
 
+@pytest.fixture(autouse=True, scope="module")
+def _one_torch_thread():
+    """Re-assert one thread per module: an in-process vLLM engine may have changed it."""
+    torch.set_num_threads(1)
+
+
 @pytest.fixture(scope="session")
 def llada_dir(tmp_path_factory):
     return build_tiny_checkpoint(tmp_path_factory.mktemp("llada"), "llada")

@@ -21,15 +21,6 @@ PROMPT_TEXTS = ["Sort the list: 5 3 9 1", "What is 12 plus 30?", "Hello world!",
                 "Hello fox!"]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread is fastest (and robust on a shared 2-core machine)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def target_dir(tmp_path_factory):
     return build_tiny_target(tmp_path_factory.mktemp("qwen3"))

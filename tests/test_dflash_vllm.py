@@ -10,7 +10,6 @@ import os
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
@@ -48,8 +47,6 @@ def pair(tmp_path_factory):
     from dllm_core.tokenizer import load_tokenizer
     from dllm_core.train.dflash import stop_ids
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     shipped = (SHIPPED_TARGET / "config.json").is_file() and (SHIPPED_DRAFTER / "config.json").is_file()
     if shipped:
         target_dir, drafter_dir = SHIPPED_TARGET, SHIPPED_DRAFTER
@@ -63,7 +60,6 @@ def pair(tmp_path_factory):
     cfg = SpecConfig(max_new_tokens=MAX_TOKENS, block_size=SPEC_TOKENS + 1, stop_token_ids=stop)
     ours = [ar_generate(target, p, cfg).tokens for p in prompts]
     spec = [speculative_generate(target, drafter, p, cfg) for p in prompts]
-    torch.set_num_threads(threads)
     assert [s.tokens for s in spec] == ours
     steps = sum(len(s.accept_lengths) for s in spec)
     tau = sum(sum(s.accept_lengths) for s in spec) / steps

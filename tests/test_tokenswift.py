@@ -20,10 +20,7 @@ def target(tmp_path_factory):
     from dllm_core.drafters.target import load_target
     from dllm_core.drafters.tiny import build_tiny_target
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield load_target(build_tiny_target(tmp_path_factory.mktemp("ts_target")))
-    torch.set_num_threads(threads)
+    return load_target(build_tiny_target(tmp_path_factory.mktemp("ts_target")))
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,7 @@ from dllm_core.drafters.tokenswift import train as ts_train
 def target_dir(tmp_path_factory):
     from dllm_core.drafters.tiny import build_tiny_target
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield build_tiny_target(tmp_path_factory.mktemp("ts_train_target"))
-    torch.set_num_threads(threads)
+    return build_tiny_target(tmp_path_factory.mktemp("ts_train_target"))
 
 
 def _cfg(target_dir, out, **kw):

@@ -26,8 +26,6 @@ def pair(tmp_path_factory):
     from dllm_core.tasks import parse_tasks
     from dllm_core.tokenizer import encode_prompt, load_tokenizer
 
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     shipped = (SHIPPED_TARGET / "config.json").is_file() and (SHIPPED_HEADS / "config.json").is_file()
     if shipped:
         target_dir, heads_dir = SHIPPED_TARGET, SHIPPED_HEADS
@@ -46,7 +44,6 @@ def pair(tmp_path_factory):
     cfg = TokenSwiftConfig(max_new_tokens=MAX_TOKENS)
     ours = [autoregressive_generate(target, p, cfg).tokens for p in prompts]
     swift = [tokenswift_generate(target, heads, p, cfg).tokens for p in prompts]
-    torch.set_num_threads(threads)
     assert swift == ours
     return {"target": target_dir, "heads": heads_dir, "prompts": prompts, "ours": ours, "shipped": shipped}
 

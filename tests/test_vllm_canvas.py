@@ -13,16 +13,6 @@ CFG = GenerationConfig(gen_length=24, block_length=8, steps=24, cache="canvas")
 SAMPLERS = ["low_confidence", "threshold:tau=0.6", "factor", "slowfast", "entropy"]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The reference runs on tiny models: one thread is ~100x faster than two busy-waiting OpenMP
-    threads on a loaded 2-core machine. Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.mark.parametrize("sampler, cache", [(s, "canvas") for s in SAMPLERS] + [
     ("threshold:tau=0.6", "canvas:blocks=3,kr=2,rho=0.25"), ("slowfast", "canvas:blocks=3,kr=3,rho=0.25")])
 def test_batched_rows_equal_their_unbatched_runs(model, sampler, cache):

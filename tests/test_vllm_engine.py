@@ -48,16 +48,6 @@ INVALID = {
 }
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The reference runs on tiny models: one thread is ~100x faster than two busy-waiting OpenMP
-    threads on a loaded 2-core machine. Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     return {a: tiny_checkpoint(tmp_path_factory.mktemp(f"vllm_{a}"), a) for a in ("llada", "dream")}

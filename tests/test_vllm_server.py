@@ -8,7 +8,6 @@ import urllib.error
 import urllib.request
 
 import pytest
-import torch
 
 from dllm_core import GenerationConfig, generate, load_model
 from dllm_core.cache.canvas import CanvasCache
@@ -17,16 +16,6 @@ pytest.importorskip("vllm")
 from vllm_harness.jobs import CANVAS, start_server, stop, tiny_checkpoint  # noqa: E402
 
 PROMPT = [30, 31, 32, 33, 34]
-
-
-@pytest.fixture(autouse=True, scope="module")
-def _one_torch_thread():
-    """The reference runs on tiny models: one thread is ~100x faster than two busy-waiting OpenMP
-    threads on a loaded 2-core machine. Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 def free_port() -> int:
