@@ -74,10 +74,13 @@ def test_dllm_cache_selection_variants_differ(dream):
 
 def test_cache_released_between_requests(llada):
     pol = make_cache("dual")
-    generate(llada, PROMPTS, CFG, cache=pol)
-    assert not [k for k in vars(pol) if k.startswith("_buf")]
-    assert pol.counters.cache_bytes == 2 * llada.args.n_layers * 3 * llada.args.n_kv_heads * (7 + 16) * \
+    res = generate(llada, PROMPTS, CFG, cache=pol)
+    assert vars(pol) == vars(make_cache("dual"))  # the policy holds no state
+    assert res.counters.cache_bytes == 2 * llada.args.n_layers * 3 * llada.args.n_kv_heads * (7 + 16) * \
         llada.args.head_dim * 4
+    st = pol.begin(llada, Canvas(torch.zeros(3, 23, dtype=torch.long), None, 7, 8))
+    st.end()
+    assert set(vars(st)) == {"policy", "canvas", "counters"}  # buffers released
 
 
 @pytest.mark.parametrize("spec, match", [
@@ -101,14 +104,14 @@ def test_prefix_policy_rows_are_independent(dream):
     pol = make_cache("dual")
     x = torch.randint(20, 200, (2, 12))
     pos = torch.arange(12).expand(2, 12)
-    pol.begin(dream, Canvas(pos, torch.ones(2, 1, 1, 12, dtype=torch.bool), 4, 4))
+    st = pol.begin(dream, Canvas(pos, torch.ones(2, 1, 1, 12, dtype=torch.bool), 4, 4))
     fresh = torch.tensor([[4, 8], [4, 8]])
-    pol.hidden(dream, x, (4, 8), fresh)
-    k_before = pol._buf_kv[0][0].clone()
+    st.hidden(x, (4, 8), fresh)
+    k_before = st.kv[0][0].clone()
     x2 = x.clone()
     x2[:, 9] = 7
-    pol.hidden(dream, x2, (4, 8), torch.tensor([[4, 8], [8, 12]]))  # row 1 moved on: it refreshes
-    k_after = pol._buf_kv[0][0]
+    st.hidden(x2, (4, 8), torch.tensor([[4, 8], [8, 12]]))  # row 1 moved on: it refreshes
+    k_after = st.kv[0][0]
     assert torch.equal(k_after[0, :, 9], k_before[0, :, 9])  # row 0 kept its cached suffix
     assert not torch.equal(k_after[1, :, 9], k_before[1, :, 9])  # row 1 recomputed everything
-    pol.end()
+    st.end()

@@ -56,9 +56,9 @@ def test_hidden_states_equal_a_block_masked_full_forward(model):
         for layer in model.layers:
             h = layer(h, rope, mask)
         pol = make_cache("canvas")
-        pol.begin(model, Canvas(pos, keep, P, L))
-        got = pol.hidden(model, x, (P - 1, T - 1), None)
-        pol.end()
+        st = pol.begin(model, Canvas(pos, keep, P, L))
+        got = st.hidden(x, (P - 1, T - 1), None)
+        st.end()
     torch.testing.assert_close(got, h[:, P - 1:T - 1], rtol=1e-5, atol=1e-5)
 
 

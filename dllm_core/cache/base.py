@@ -1,10 +1,11 @@
 """The cache-policy interface: how the decoding loop gets hidden states for one step.
 
-The engine (embedded or host adapter) calls, per request batch::
+A policy is an immutable description (a frozen dataclass, shareable by any number of threads and
+requests). ``begin`` returns the per-request-batch state that owns the buffers::
 
-    policy.begin(model, canvas)                     # allocate static buffers
-    h = policy.hidden(model, x, need, fresh, active)  # every step -> [B, need_hi - need_lo, d]
-    policy.end()                                    # release
+    cache = policy.begin(model, canvas)          # CacheState: static buffers, counters
+    h = cache.hidden(x, need, fresh, active)     # every step -> [B, need_hi - need_lo, d]
+    cache.end()                                  # release (counters stay readable)
 
 ``need``   = (lo, hi) ints: positions whose final hidden states the sampler's logits come from
              (already shifted one left for Dream); the union over the batch rows.
@@ -15,7 +16,7 @@ The engine (embedded or host adapter) calls, per request batch::
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
@@ -51,44 +52,55 @@ class Counters:
         return self.token_layers / max(self.full_token_layers, 1)
 
 
+class CacheState:
+    """One request batch's run of a policy: buffers, counters, step bookkeeping (policy ``none``:
+    the exact, uncached forward over the whole sequence)."""
+
+    def __init__(self, policy: "CachePolicy", model, canvas: Canvas):
+        from .graphs import GraphRunner
+
+        self.policy, self.model, self.canvas, self.counters = policy, model, canvas, Counters()
+        self.use_graphs = policy.graphs and canvas.pos.device.type == "cuda"
+        self._full_run = GraphRunner(self._full, self.use_graphs)
+
+    def end(self) -> None:
+        """Drop every buffer; counters stay readable."""
+        keep = {"policy", "canvas", "counters"}
+        for k in [k for k in vars(self) if k not in keep]:
+            delattr(self, k)
+
+    def _count(self, positions: int) -> None:
+        c, n = self.counters, self.model.args.n_layers
+        c.forwards += 1
+        c.token_layers += positions * n
+        c.full_token_layers += self.canvas.seq_len * n
+
+    def hidden(self, x: torch.Tensor, need: tuple[int, int], fresh: torch.Tensor | None,
+               active: torch.Tensor | None = None) -> torch.Tensor:
+        """x [B, T] -> final hidden states [B, need_hi - need_lo, d] of the ``need`` positions."""
+        self._count(self.canvas.seq_len)
+        return self._full_run(x)[:, need[0]:need[1]]
+
+    def _full(self, ids: torch.Tensor) -> torch.Tensor:
+        """Uncached full-sequence pass: ids [B, T] -> hidden [B, T, d]."""
+        m = self.model
+        h, rope = m.embed(ids), m.rope(self.canvas.pos)
+        for layer in m.layers:
+            h = layer(h, rope, self.canvas.mask)
+        return h
+
+
 @dataclass(frozen=True)
 class CachePolicy:
     """Base: the exact, uncached forward over the whole sequence (policy ``none``)."""
 
     name: ClassVar[str] = "none"
+    state_cls: ClassVar[type[CacheState]] = CacheState
     graphs: bool = True  # replay fixed-shape forwards as CUDA graphs (CUDA only)
-    counters: Counters = field(default_factory=Counters, init=False, compare=False, repr=False)
 
-    def begin(self, model, canvas: Canvas) -> None:
-        from .graphs import GraphRunner
-
-        object.__setattr__(self, "counters", Counters())
-        object.__setattr__(self, "canvas", canvas)
-        object.__setattr__(self, "_buf_full", GraphRunner(lambda ids: self._full(model, ids),
-                                                          self.graphs and canvas.pos.device.type == "cuda"))
-
-    def end(self) -> None:
-        """Drop every buffer; counters stay readable."""
-        for k in [k for k in vars(self) if k.startswith("_buf")]:
-            object.__delattr__(self, k)
-
-    def _count(self, model, positions: int) -> None:
-        c, n = self.counters, model.args.n_layers
-        c.forwards += 1
-        c.token_layers += positions * n
-        c.full_token_layers += self.canvas.seq_len * n
-
-    def hidden(self, model, x: torch.Tensor, need: tuple[int, int], fresh: torch.Tensor,
-               active: torch.Tensor | None = None) -> torch.Tensor:
-        self._count(model, self.canvas.seq_len)
-        return self._buf_full(x)[:, need[0]:need[1]]
-
-    def _full(self, model, ids: torch.Tensor) -> torch.Tensor:
-        """Uncached full-sequence pass: ids [B, T] -> hidden [B, T, d]."""
-        h, rope = model.embed(ids), model.rope(self.canvas.pos)
-        for layer in model.layers:
-            h = layer(h, rope, self.canvas.mask)
-        return h
+    def begin(self, model, canvas: Canvas) -> CacheState:
+        """A fresh per-request-batch state (buffers for ``canvas``'s batch and length)."""
+        return self.state_cls(self, model, canvas)
 
 
 def kv_buffers(model, batch: int, seq_len: int, device) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -102,4 +114,6 @@ def kv_buffers(model, batch: int, seq_len: int, device) -> list[tuple[torch.Tens
 def nbytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(nbytes(o) for o in obj.values())
     return sum(nbytes(o) for o in obj) if isinstance(obj, (list, tuple)) else 0

@@ -43,39 +43,111 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
-from .base import CachePolicy, kv_buffers, nbytes
-from ..options import check_choice, check_range, parse_spec
+from .base import CachePolicy, CacheState, kv_buffers, nbytes
+from .executor import CachedRows, Features, FeatureReuse, cached_layer
+from ..models.layers import BlockOps
+from ..options import parse_spec
+
+
+class CanvasState(CacheState):
+    """Frozen prefix K/V [B, Hkv, T, D], the last committed row's hidden state, per-row denoise steps
+    of the current canvas (host ints) and, for the approximate mode, the canvas features."""
+
+    def __init__(self, policy, model, canvas):
+        super().__init__(policy, model, canvas)
+        B, T, dev = canvas.pos.shape[0], canvas.seq_len, canvas.pos.device
+        self.L = L = policy.blocks * canvas.block_len  # canvas length
+        if (T - canvas.prompt_len) % L:
+            raise ValueError(f"--cache canvas.blocks={policy.blocks}: gen_length {T - canvas.prompt_len} is not a "
+                             f"multiple of the canvas ({policy.blocks} x block_length {canvas.block_len})")
+        a = model.args
+        self.kv = kv_buffers(model, B, T, dev)
+        self.last = torch.zeros(B, a.dim, dtype=model.dtype, device=dev)
+        like = self.last[:0]
+        self.feats = [] if policy.exact else [Features.zeros(B, L, a.n_kv_heads * a.head_dim, a.dim, like)
+                                              for _ in model.layers]
+        self.rows = torch.arange(B * L, device=dev).view(B, L)
+        self.current = None  # canvas being denoised
+        self.steps = np.zeros(B, dtype=np.int64)  # per row, in the canvas
+        self.gen = torch.Generator(dev).manual_seed(policy.seed)
+        self.counters.cache_bytes = nbytes(self.kv) + nbytes([vars(f) for f in self.feats]) + self.last.nbytes
+
+    def hidden(self, x, need, fresh, active=None):
+        cv, L = self.canvas, self.L
+        P, c = cv.prompt_len, cv.block // self.policy.blocks
+        if self.current is None:
+            self._freeze(x, 0, P)  # prompt prefill
+        elif c != self.current:
+            s0 = P + self.current * L
+            self._freeze(x, s0, s0 + L)  # commit of the finished canvas
+        if c != self.current:
+            self.current = c
+            self.steps[:] = 0
+        s = P + c * L
+        active = np.ones(len(self.steps), dtype=bool) if active is None else active.cpu().numpy()
+        h = self._denoise(x, s, s + L, active)
+        self.steps += active
+        h = torch.cat([self.last[:, None], h], 1)  # positions [s - 1, s + L)
+        return h[:, need[0] - s + 1:need[1] - s + 1]
+
+    def _freeze(self, x, s: int, e: int) -> None:
+        """Run [s, e) against the frozen prefix + itself, keep its K/V and its last hidden row."""
+        m, cv = self.model, self.canvas
+        h, rope, mask = m.embed(x[:, s:e]), m.rope(cv.pos[:, s:e]), self._mask(e)
+        for layer, (k, v) in zip(m.layers, self.kv):
+            h = layer(h, rope, mask, kv=(k[:, :, :e], v[:, :, :e]), at=s)
+        self.last.copy_(h[:, -1])
+        self._count(e - s)
+
+    def _mask(self, e: int):
+        return None if self.canvas.mask is None else self.canvas.mask[..., :e]
+
+    def _denoise(self, x, s: int, e: int, active: np.ndarray) -> torch.Tensor:
+        """One denoise forward of the canvas [s, e): [B, L, d] final-layer hidden states."""
+        m, cv, pol = self.model, self.canvas, self.policy
+        B, L = x.shape[0], e - s
+        h, mask = m.embed(x[:, s:e]), self._mask(e)
+        self.counters.forwards += 1
+        self.counters.full_token_layers += cv.seq_len * m.args.n_layers
+        if pol.exact:
+            rope = m.rope(cv.pos[:, s:e])
+            for layer, (k, v) in zip(m.layers, self.kv):
+                h = layer(h, rope, mask, kv=(k[:, :, :e], v[:, :, :e]), at=s)
+            self.counters.token_layers += L * m.args.n_layers
+            return h
+        h, pos, n = h.flatten(0, 1), cv.pos[:, s:e].flatten(), pol.n_update(L)
+        for i, (layer, (k, v), feats) in enumerate(zip(m.layers, self.kv, self.feats)):
+            full = np.array([pol.full_layer(int(c), i) for c in self.steps]) & active
+            g = CachedRows(self.rows, feats, torch.as_tensor(full, device=x.device)[:, None].expand(B, L),
+                           (~full & active).tolist(), pol, (0, L))
+            ops = BlockOps(layer, m.rotary, B, mask, prefix=(k[:, :, :s], v[:, :, :s]))
+            h = cached_layer(ops, h, pos, [g], self.gen, counters=self.counters)
+            self.counters.token_layers += L if full.any() else n if active.any() else 0
+        return h.view(B, L, -1)
 
 
 @dataclass(frozen=True)
-class CanvasCache(CachePolicy):
+class CanvasCache(FeatureReuse, CachePolicy):
     """Block-canvas semantics (see the module docstring) + optional response-side dLLM-Cache.
     ``blocks``: engine blocks per canvas; ``kr``: full canvas refresh every kr steps (1 = exact);
     ``rho``: fraction of the canvas recomputed on the other steps; ``select``: value | key |
     random; ``metric``: cosine | l2; ``first_layer``: always recompute layer 0."""
 
     name: ClassVar[str] = "canvas"
+    state_cls: ClassVar[type[CacheState]] = CanvasState
     blocks: int = 1
     kr: int = 1
-    rho: float = 0.25
-    select: str = "value"
-    metric: str = "cosine"
-    first_layer: bool = True
-    seed: int = 0
 
     def __post_init__(self):
         if self.blocks < 1:
             raise ValueError(f"--cache canvas.blocks must be >= 1, got {self.blocks}")
         if self.kr < 1:
             raise ValueError(f"--cache canvas.kr must be >= 1, got {self.kr}")
-        check_range(self.rho, 0.0, 1.0, "--cache canvas.rho")
-        check_choice(self.select, ("value", "key", "random"), "--cache canvas.select")
-        check_choice(self.metric, ("cosine", "l2"), "--cache canvas.metric")
+        self.check_reuse("--cache canvas")
 
-    # ---- decisions shared with host adapters -----------------------------------------------
     @classmethod
     def from_spec(cls, spec: "str | CachePolicy", option: str = "--cache") -> "CanvasCache":
         """Canvas policy for a host engine's cache option: ``none`` / ``canvas:..`` (exact unless
@@ -99,117 +171,5 @@ class CanvasCache(CachePolicy):
         return self.kr == 1
 
     def full_layer(self, step: int, layer: int) -> bool:
-        """Whether denoise step ``step`` (0 = first of the block) fully recomputes ``layer``."""
+        """Whether denoise step ``step`` (0 = first of the canvas) fully recomputes ``layer``."""
         return step % self.kr == 0 or (self.first_layer and layer == 0)
-
-    def n_update(self, canvas_len: int) -> int:
-        """Canvas positions recomputed by an adaptive layer."""
-        return int(self.rho * canvas_len)
-
-    def pick(self, new: torch.Tensor, old: torch.Tensor, n: int,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-        """Positions to recompute: the n whose feature moved most. new/old [B, L, F] -> [B, n]."""
-        if self.select == "random":
-            score = torch.rand(new.shape[:2], device=new.device, generator=generator)
-        else:
-            new, old = new.float(), old.float()
-            score = -F.cosine_similarity(new, old, dim=-1) if self.metric == "cosine" else (new - old).norm(dim=-1)
-        return score.topk(n, -1).indices
-
-    # ---- the reference implementation ------------------------------------------------------
-    def begin(self, model, canvas):
-        super().begin(model, canvas)
-        B, T, dev = canvas.pos.shape[0], canvas.seq_len, canvas.pos.device
-        L = self.blocks * canvas.block_len  # canvas length
-        if (T - canvas.prompt_len) % L:
-            raise ValueError(f"--cache canvas.blocks={self.blocks}: gen_length {T - canvas.prompt_len} is not a "
-                             f"multiple of the canvas ({self.blocks} x block_length {canvas.block_len})")
-        object.__setattr__(self, "_buf_kv", kv_buffers(model, B, T, dev))
-        object.__setattr__(self, "_buf_last", torch.zeros(B, model.args.dim, dtype=model.dtype, device=dev))
-        feats = [] if self.exact else [tuple(torch.zeros(B, L, model.args.dim, dtype=model.dtype, device=dev)
-                                              for _ in "af") for _ in model.layers]
-        object.__setattr__(self, "_buf_feat", feats)  # (attn_out, ffn_out) [B, L, d] per layer
-        object.__setattr__(self, "_canvas", None)
-        object.__setattr__(self, "_steps", torch.zeros(B, dtype=torch.long, device=dev))  # per row, in the canvas
-        object.__setattr__(self, "_gen", torch.Generator(dev).manual_seed(self.seed))
-        self.counters.cache_bytes = nbytes(self._buf_kv) + nbytes(feats) + self._buf_last.nbytes
-
-    def hidden(self, model, x, need, fresh, active=None):
-        cv = self.canvas
-        P, L, c = cv.prompt_len, self.blocks * cv.block_len, cv.block // self.blocks
-        if self._canvas is None:
-            self._freeze(model, x, 0, P)  # prompt prefill
-        elif c != self._canvas:
-            s0 = P + self._canvas * L
-            self._freeze(model, x, s0, s0 + L)  # commit of the finished canvas
-        if c != self._canvas:
-            object.__setattr__(self, "_canvas", c)
-            self._steps.zero_()
-        s = P + c * L
-        active = torch.ones_like(self._steps, dtype=torch.bool) if active is None else active
-        h = self._denoise(model, x, s, s + L, active)
-        self._steps.add_(active.long())
-        h = torch.cat([self._buf_last[:, None], h], 1)  # positions [s - 1, s + L)
-        return h[:, need[0] - s + 1:need[1] - s + 1]
-
-    def _freeze(self, model, x, s: int, e: int) -> None:
-        """Run [s, e) against the frozen prefix + itself, keep its K/V and its last hidden row."""
-        cv = self.canvas
-        h, rope, mask = model.embed(x[:, s:e]), model.rope(cv.pos[:, s:e]), self._mask(e)
-        for layer, (k, v) in zip(model.layers, self._buf_kv):
-            h = layer(h, rope, mask, kv=(k[:, :, :e], v[:, :, :e]), at=s)
-        self._buf_last.copy_(h[:, -1])
-        self._count(model, e - s)
-
-    def _mask(self, e: int):
-        return None if self.canvas.mask is None else self.canvas.mask[..., :e]
-
-    def _denoise(self, model, x, s: int, e: int, active) -> torch.Tensor:
-        """One denoise forward of the canvas [s, e): [B, L, d] final-layer hidden states."""
-        cv = self.canvas
-        h, rope, mask = model.embed(x[:, s:e]), model.rope(cv.pos[:, s:e]), self._mask(e)
-        self.counters.forwards += 1
-        self.counters.full_token_layers += cv.seq_len * model.args.n_layers
-        for i, (layer, (k, v)) in enumerate(zip(model.layers, self._buf_kv)):
-            kv = (k[:, :, :e], v[:, :, :e])
-            if self.exact:
-                h = layer(h, rope, mask, kv=kv, at=s)
-                self.counters.token_layers += e - s
-            else:
-                full = (self._steps % self.kr == 0) | (self.first_layer and i == 0)  # [B]
-                h = self._cached_layer(layer, h, rope, mask, kv, s, self._buf_feat[i], full, active)
-        return h
-
-    def _cached_layer(self, layer, x, rope, mask, kv, s, feat, full, active):
-        """Rows with ``full`` recompute every canvas position; the others only the positions
-        ``pick`` chooses (V-verify refreshes all their V). Only ``active`` rows update their cache,
-        so a row idling in a batch evolves exactly as it would alone."""
-        B, L = x.shape[:2]
-        e = s + L
-        n, adaptive = self.n_update(L), ~full & active
-        rec = full[:, None].expand(B, L).clone()  # [B, L] positions recomputed
-        if bool(adaptive.any()):
-            if self.select == "value":
-                new, old = layer.value(x), kv[1][:, :, s:e].clone()
-                kv[1][:, :, s:e] = torch.where(adaptive[:, None, None, None], new, old)
-            elif self.select == "key":
-                _, new, _ = layer.qkv(x, rope)
-                old = kv[0][:, :, s:e]
-            if self.select != "random":
-                self.counters.v_only += L
-                new, old = (t.transpose(1, 2).flatten(2) for t in (new, old))  # [B, L, Hkv*D]
-            else:
-                new = old = x  # only the shape is read
-            if n:
-                picked = torch.zeros_like(rec).scatter_(1, self.pick(new, old, n, self._gen), True)
-                rec |= picked & adaptive[:, None]
-        write = rec & active[:, None]  # [B, L]
-        q, k, v = layer.qkv(x, rope)
-        for buf, fresh in zip(kv, (k, v)):
-            buf[:, :, s:e] = torch.where(write[:, None, :, None], fresh, buf[:, :, s:e])
-        a = layer.attend(q, kv[0], kv[1], mask)
-        f = layer.ffn(x + a)
-        for buf, fresh in zip(feat, (a, f)):
-            buf.copy_(torch.where(write[..., None], fresh, buf))
-        self.counters.token_layers += int(write.sum(-1).max())
-        return x + feat[0] + feat[1]

@@ -19,42 +19,33 @@ from typing import ClassVar
 
 import torch
 
-from .base import CachePolicy, kv_buffers, nbytes
+from .base import CachePolicy, CacheState, kv_buffers, nbytes
 from .graphs import GraphRunner
 
 
-@dataclass(frozen=True)
-class PrefixCache(CachePolicy):
-    """Fast-dLLM prefix KV cache. ``every``: also refresh after this many steps (0 = never)."""
+class PrefixState(CacheState):
+    """Static K/V buffers for every position + per-row refresh keys (the range each row's K/V are
+    fresh for) and ages."""
 
-    name: ClassVar[str] = "prefix"
-    every: int = 0
-    graphs: bool = True
-
-    def __post_init__(self):
-        if self.every < 0:
-            raise ValueError(f"--cache {self.name}.every must be >= 0 (0 = refresh only per block), got {self.every}")
-
-    def begin(self, model, canvas):
-        super().begin(model, canvas)
+    def __init__(self, policy, model, canvas):
+        super().__init__(policy, model, canvas)
         B, dev = canvas.pos.shape[0], canvas.pos.device
-        object.__setattr__(self, "_buf_kv", kv_buffers(model, B, canvas.seq_len, dev))
-        object.__setattr__(self, "_key", torch.full((B, 2), -1, dtype=torch.long, device=dev))
-        object.__setattr__(self, "_age", torch.zeros(B, dtype=torch.long, device=dev))
-        object.__setattr__(self, "_buf_run", GraphRunner(lambda *a: self._window(model, *a),
-                                                         self.graphs and dev.type == "cuda"))
-        self.counters.cache_bytes = nbytes(self._buf_kv)
+        self.kv = kv_buffers(model, B, canvas.seq_len, dev)
+        self.key = torch.full((B, 2), -1, dtype=torch.long, device=dev)
+        self.age = torch.zeros(B, dtype=torch.long, device=dev)
+        self._window_run = GraphRunner(self._window, self.use_graphs)
+        self.counters.cache_bytes = nbytes(self.kv)
 
     def row_end(self, fresh: torch.Tensor) -> torch.Tensor:
         """End of each row's recomputed range: the sequence end (prefix) or the window end (dual)."""
-        return torch.full_like(fresh[:, 1], self.canvas.seq_len)
+        return fresh[:, 1] if self.policy.dual else torch.full_like(fresh[:, 1], self.canvas.seq_len)
 
-    def hidden(self, model, x, need, fresh, active=None):
-        T = self.canvas.seq_len
-        active = torch.ones_like(self._age, dtype=torch.bool) if active is None else active
-        refresh = active & ((fresh != self._key).any(-1) | ((self.every > 0) & (self._age >= self.every)))
-        self._key.copy_(torch.where(active[:, None], fresh, self._key))
-        self._age.copy_(torch.where(refresh, 1, self._age + 1))
+    def hidden(self, x, need, fresh, active=None):
+        T, every = self.canvas.seq_len, self.policy.every
+        active = torch.ones_like(self.age, dtype=torch.bool) if active is None else active
+        refresh = active & ((fresh != self.key).any(-1) | ((every > 0) & (self.age >= every)))
+        self.key.copy_(torch.where(active[:, None], fresh, self.key))
+        self.age.copy_(torch.where(refresh, 1, self.age + 1))
         lo, hi = fresh[:, 0], self.row_end(fresh)
         a_t = lo.masked_fill(~active, T).min().clamp(max=need[0])  # union of the rows' ranges and `need`
         b_t = hi.masked_fill(~active, 0).max().clamp(min=need[1])
@@ -66,16 +57,31 @@ class PrefixCache(CachePolicy):
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, n]
         if all_refresh if any_refresh else all_cover:
             keep = torch.ones_like(keep)
-        h = self._buf_run(x[:, a:b], self.canvas.pos[:, a:b], p, keep)
-        self._count(model, b - a)
+        h = self._window_run(x[:, a:b], self.canvas.pos[:, a:b], p, keep)
+        self._count(b - a)
         return h[:, need[0] - a:need[1] - a]
 
-    def _window(self, model, ids, pos, at, keep):
+    def _window(self, ids, pos, at, keep):
         """ids/pos/at/keep [B, n] -> hidden [B, n, d]; K/V written at ``at`` where ``keep``."""
-        h, rope = model.embed(ids), model.rope(pos)
-        for layer, kv in zip(model.layers, self._buf_kv):
+        m = self.model
+        h, rope = m.embed(ids), m.rope(pos)
+        for layer, kv in zip(m.layers, self.kv):
             h = layer(h, rope, self.canvas.mask, kv=kv, at=at, keep=keep)
         return h
+
+
+@dataclass(frozen=True)
+class PrefixCache(CachePolicy):
+    """Fast-dLLM prefix KV cache. ``every``: also refresh after this many steps (0 = never)."""
+
+    name: ClassVar[str] = "prefix"
+    state_cls: ClassVar[type[CacheState]] = PrefixState
+    dual: ClassVar[bool] = False
+    every: int = 0
+
+    def __post_init__(self):
+        if self.every < 0:
+            raise ValueError(f"--cache {self.name}.every must be >= 0 (0 = refresh only per block), got {self.every}")
 
 
 @dataclass(frozen=True)
@@ -83,6 +89,4 @@ class DualCache(PrefixCache):
     """Fast-dLLM DualCache: only the window is recomputed; prefix and suffix K/V are cached."""
 
     name: ClassVar[str] = "dual"
-
-    def row_end(self, fresh):
-        return fresh[:, 1]
+    dual: ClassVar[bool] = True

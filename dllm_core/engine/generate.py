@@ -82,7 +82,7 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     policy, sampler = cfg.cache, cfg.sampler
     canvas = Canvas(pos.repeat(2, 1) if cfg_rows else pos, keep.repeat(2, 1, 1, 1) if cfg_rows else keep,
                     P, cfg.block_length)
-    policy.begin(model, canvas)
+    cache = policy.begin(model, canvas)
     st = sampler.new_state(B, cfg.block_length, cfg.steps_per_block, dev)
     nfe = torch.zeros(B, dtype=torch.long, device=dev)
     prompt_pos = torch.zeros_like(x, dtype=torch.bool)
@@ -104,7 +104,7 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
                 lo, hi = sampler.window(st, active)  # their union over active rows
                 fresh = torch.stack([s + flo - shift, s + fhi], -1)  # [B, 2]
                 xin = torch.cat([x, x.masked_fill(prompt_pos, mask_id)]) if cfg_rows else x
-                h = policy.hidden(model, xin, (s + lo - shift, s + hi - shift), *_rows(fresh, active, cfg_rows))
+                h = cache.hidden(xin, (s + lo - shift, s + hi - shift), *_rows(fresh, active, cfg_rows))
                 logits = model.logits(h)
                 if cfg_rows:  # classifier-free guidance: un + (scale + 1) * (cond - un)
                     cond, un = logits.chunk(2)
@@ -114,8 +114,8 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
                 x[:, s + lo:s + hi] = torch.where(commit, x0, x[:, s + lo:s + hi])
                 nfe += active
     finally:
-        policy.end()
+        cache.end()
     if dev.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return GenerationResult(x[:, P:].clone(), nfe.tolist(), seconds, policy.counters, [len(p) for p in prompts])
+    return GenerationResult(x[:, P:].clone(), nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts])

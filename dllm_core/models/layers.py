@@ -123,3 +123,36 @@ def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
 def scatter_rows(x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
     """In place: x[b, idx[b, j]] = src[b, j]."""
     return x.scatter_(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(src), src)
+
+
+class BlockOps:
+    """The embedded ``Block`` as the cache executor's ``LayerOps`` over flat rows of a batch of B
+    rows x S positions (row r = b * S + s). ``attend`` prepends the cached prefix K/V ``prefix``
+    ([B, Hkv, P, D] each, optional: the canvas policy's frozen prefix) to every row's keys and
+    applies ``mask`` [B, 1, 1, P + S]. ``per_row``: each row recomputes exactly this many positions
+    (queries then run as [B, per_row]); None: any subset (all S queries run, the asked ones kept)."""
+
+    def __init__(self, layer: Block, rope: RotaryEmbedding, B: int, mask, prefix=None, per_row: int | None = None):
+        self.layer, self.rope, self.B, self.mask, self.prefix, self.per_row = layer, rope, B, mask, prefix, per_row
+
+    def qkv(self, x, pos):
+        q, k, v = self.layer.qkv(x[None], self.rope(pos[None], x.dtype))  # [1, h, n, D]
+        return tuple(t[0].transpose(0, 1).flatten(1) for t in (q, k, v))  # [n, h*D]
+
+    def value(self, x):
+        return self.layer.value(x[None])[0].transpose(0, 1).flatten(1)
+
+    def ffn(self, h):
+        return self.layer.ffn(h)
+
+    def attend(self, q, k, v, rows):
+        B, D = self.B, self.layer.head_dim
+        k, v = (t.view(B, -1, self.layer.n_kv, D).transpose(1, 2) for t in (k, v))  # [B, Hkv, S, D]
+        S = k.shape[2]
+        if self.prefix is not None:
+            k, v = torch.cat([self.prefix[0], k], 2), torch.cat([self.prefix[1], v], 2)
+        if self.per_row is not None:  # rows are b-major with per_row each
+            qh = q.view(B, self.per_row, -1, D).transpose(1, 2)
+            return self.layer.attend(qh, k, v, self.mask).flatten(0, 1)
+        full = q.new_zeros(B * S, q.shape[-1]).index_copy_(0, rows, q)
+        return self.layer.attend(full.view(B, S, -1, D).transpose(1, 2), k, v, self.mask).flatten(0, 1)[rows]

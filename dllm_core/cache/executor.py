@@ -1,0 +1,166 @@
+"""One cached layer over flat token rows: dLLM-Cache's V-verify / pick / partial recompute /
+assemble, shared by every engine.
+
+An engine runs a forward over N token rows (the embedded engine: its [B, T] or [B, L] canvas
+flattened; vLLM / SGLang: the batch's scheduled tokens). Some of those rows belong to *cached
+regions* (a request's response or canvas, L positions each) whose per-layer features - K, V,
+attention output, FFN output - are kept between steps. ``cached_layer`` runs layer l for all rows:
+
+    rows recomputed  = every row outside a cached region
+                     + the region positions the plan recomputes regardless (``recompute``)
+                     + for ``verify`` rows: the n = int(rho * |cand|) candidates whose V (or K)
+                       moved most since cached (V-verify refreshes every candidate's V)
+    attention        = the recomputed queries against [fresh K/V of recomputed rows ; cached K/V]
+    output           = x + attn + ffn (fresh where recomputed, cached elsewhere)
+
+A host model supplies the layer in its own vocabulary as ``LayerOps`` (flat rows, pre-norm x):
+
+    q, k, v = ops.qkv(x, pos)         # x [n, d], pos [n] -> q [n, Hq*D], k / v [n, Hkv*D] (RoPE on q, k)
+    v       = ops.value(x)            # [n, d] -> [n, Hkv*D]   (the V projection alone)
+    a       = ops.attend(q, k, v, r)  # q [n, Hq*D] of rows r [n]; k / v [N, Hkv*D] of every row -> [n, d]
+    f       = ops.ffn(h)              # [n, d] -> [n, d]        (FFN on its own pre-norm input)
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, Sequence
+
+import torch
+import torch.nn.functional as F
+
+from ..options import check_choice, check_range
+
+
+class LayerOps(Protocol):
+    def qkv(self, x: torch.Tensor, pos: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]: ...
+    def value(self, x: torch.Tensor) -> torch.Tensor: ...
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor: ...
+    def ffn(self, h: torch.Tensor) -> torch.Tensor: ...
+
+
+@dataclass(frozen=True)
+class FeatureReuse:
+    """dLLM-Cache's adaptive-update knobs (a mixin of the policies that reuse features):
+    ``rho``: fraction of the candidates recomputed; ``select``: value (V-verify) | key | random;
+    ``metric``: cosine | l2; ``first_layer``: always recompute layer 0; ``seed``: random select."""
+
+    rho: float = 0.25
+    select: str = "value"
+    metric: str = "cosine"
+    first_layer: bool = True
+    seed: int = 0
+
+    def check_reuse(self, where: str) -> None:
+        check_range(self.rho, 0.0, 1.0, f"{where}.rho")
+        check_choice(self.select, ("value", "key", "random"), f"{where}.select")
+        check_choice(self.metric, ("cosine", "l2"), f"{where}.metric")
+
+    def n_update(self, candidates: int) -> int:
+        """Candidates recomputed by an adaptive layer."""
+        return int(self.rho * candidates)
+
+    def pick(self, new: torch.Tensor, old: torch.Tensor, n: int,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """The n candidates whose feature moved most: new / old [m, R, F] -> [m, n] (most moved first)."""
+        if self.select == "random":
+            score = torch.rand(new.shape[:2], device=new.device, generator=generator)
+        else:
+            new, old = new.float(), old.float()
+            score = -F.cosine_similarity(new, old, dim=-1) if self.metric == "cosine" else (new - old).norm(dim=-1)
+        return score.topk(n, -1).indices
+
+
+@dataclass
+class Features:
+    """One layer's cached features of m regions of L positions: k / v [m, L, Hkv*D], a / f [m, L, d]."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+    a: torch.Tensor
+    f: torch.Tensor
+
+    @classmethod
+    def zeros(cls, m: int, L: int, kv: int, d: int, like: torch.Tensor) -> "Features":
+        return cls(*(like.new_zeros(m, L, w) for w in (kv, kv, d, d)))
+
+
+@dataclass
+class CachedRows:
+    """Cached regions of one forward that share a ``FeatureReuse`` policy, for one layer."""
+
+    rows: torch.Tensor        # [m, L] flat row ids of each region
+    feats: Features           # [m, L, *] cached features (updated in place)
+    recompute: torch.Tensor   # [m, L] bool: positions recomputed regardless
+    verify: Sequence[bool]    # [m] host bools: rows whose adaptive pick runs
+    reuse: FeatureReuse
+    cand: tuple[int, int]     # region columns [lo, hi) the pick draws from
+
+
+def _candidates(ops: LayerOps, x, pos, g: CachedRows, idx: torch.Tensor):
+    """(new, old) features the pick compares for regions ``idx``, [m', R, F]; V-verify stores the new V."""
+    lo, hi = g.cand
+    rows = g.rows[idx, lo:hi]  # [m', R]
+    if g.reuse.select == "value":
+        new = ops.value(x[rows.flatten()]).view(*rows.shape, -1)
+        old = g.feats.v[idx, lo:hi].clone()
+        g.feats.v[idx, lo:hi] = new
+        return new, old
+    if g.reuse.select == "key":
+        return ops.qkv(x[rows.flatten()], pos[rows.flatten()])[1].view(*rows.shape, -1), g.feats.k[idx, lo:hi]
+    return x[rows], x[rows]  # random: only the shape is read
+
+
+def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generator=None, counters=None) -> torch.Tensor:
+    """[N] bool: the rows this layer recomputes (runs V-verify and the picks)."""
+    rec = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+    for g in groups:
+        rec[g.rows.flatten()] = g.recompute.flatten()
+        n = g.reuse.n_update(g.cand[1] - g.cand[0])
+        idx = [i for i, v in enumerate(g.verify) if v]
+        if not n or not idx:
+            continue
+        idx = slice(None) if len(idx) == len(g.verify) else torch.tensor(idx, device=x.device)
+        new, old = _candidates(ops, x, pos, g, idx)
+        if counters is not None and g.reuse.select != "random":
+            counters.v_only += g.cand[1] - g.cand[0]
+        pick = g.reuse.pick(new, old, n, generator) + g.cand[0]  # [m', n] region columns
+        rec[g.rows[idx].gather(1, pick).flatten()] = True
+    return rec
+
+
+def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows],
+                 generator: torch.Generator | None = None, count: int | None = None, counters=None) -> torch.Tensor:
+    """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups``: -> [N, d].
+
+    ``count``: the number of recomputed rows when the caller knows it (fixed shapes, no device
+    sync: CUDA-graph capturable); otherwise it is read from the mask."""
+    rec = recompute_mask(ops, x, pos, groups, generator, counters)
+    ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
+    out, fresh_a, fresh_f = x.clone(), torch.zeros_like(x), torch.zeros_like(x)
+    if ridx.shape[0]:
+        k, v, a, f = _recompute(ops, x, pos, groups, ridx)
+        out[ridx] = x[ridx] + a + f
+        fresh_a[ridx], fresh_f[ridx] = a, f
+    else:  # nothing recomputed: the cached K/V stay
+        k = v = None
+    for g in groups:
+        r, keep = g.rows.flatten(), rec[g.rows][..., None]  # [m*L], [m, L, 1]
+        fe = g.feats
+        if k is not None:
+            fe.k.copy_(k[g.rows]), fe.v.copy_(v[g.rows])
+        fe.a.copy_(torch.where(keep, fresh_a[g.rows], fe.a)), fe.f.copy_(torch.where(keep, fresh_f[g.rows], fe.f))
+        out[r] = (x[g.rows] + fe.a + fe.f).flatten(0, 1)
+    return out
+
+
+def _recompute(ops: LayerOps, x, pos, groups: Sequence[CachedRows], ridx: torch.Tensor):
+    """Fresh Q/K/V, attention and FFN of rows ``ridx``: -> k, v [N, Hkv*D] (cached K/V elsewhere),
+    attention and FFN outputs [n, d]."""
+    N = x.shape[0]
+    q, k_r, v_r = ops.qkv(x[ridx], pos[ridx])
+    k, v = x.new_empty(N, k_r.shape[-1]), x.new_empty(N, v_r.shape[-1])
+    for g in groups:
+        k[g.rows.flatten()], v[g.rows.flatten()] = g.feats.k.flatten(0, 1), g.feats.v.flatten(0, 1)
+    k[ridx], v[ridx] = k_r, v_r
+    a = ops.attend(q, k, v, ridx)
+    return k, v, a, ops.ffn(x[ridx] + a)
