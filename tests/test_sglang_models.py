@@ -96,7 +96,7 @@ def test_generation_matches_canvas_reference(models, arch, cls, cfg, spec, cache
         exact = generate(ref, prompts, GenerationConfig(gen_length=2 * L, block_length=L, sampler=spec, cache="canvas"))
         assert exact.tokens.tolist() != out
         assert sg.feature_cache.rows == {}  # every block was persisted: no request holds cache rows
-        assert sg.feature_cache.bufs[0]["a"].shape[:2] == (4, L)  # rows for requests in flight, not per slot
+        assert (sg.feature_cache.store.slots, sg.feature_cache.store.length) == (4, L)  # rows for requests in flight, not per slot
 
 
 def test_dream_prefix_row_once_per_block_and_slot_reuse(models):

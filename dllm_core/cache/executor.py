@@ -164,3 +164,60 @@ def _recompute(ops: LayerOps, x, pos, groups: Sequence[CachedRows], ridx: torch.
     k[ridx], v[ridx] = k_r, v_r
     a = ops.attend(q, k, v, ridx)
     return k, v, a, ops.ffn(x[ridx] + a)
+
+
+class FeatureStore:
+    """Cached features of request slots for every layer: k / v [n_layers, S, L, Hkv*D], a / f
+    [n_layers, S, L, d] (a host engine's per-request storage; ``grow`` adds slots)."""
+
+    def __init__(self, n_layers: int, slots: int, L: int, kv: int, d: int, like: torch.Tensor):
+        self.bufs = [like.new_zeros(n_layers, slots, L, w) for w in (kv, kv, d, d)]
+
+    @property
+    def slots(self) -> int:
+        return self.bufs[0].shape[1]
+
+    @property
+    def length(self) -> int:
+        return self.bufs[0].shape[2]
+
+    def grow(self, extra: int) -> None:
+        self.bufs = [torch.cat([b, b.new_zeros(b.shape[0], extra, *b.shape[2:])], 1) for b in self.bufs]
+
+    def gather(self, layer: int, slots: torch.Tensor) -> Features:
+        return Features(*(b[layer, slots] for b in self.bufs))
+
+    def scatter(self, layer: int, slots: torch.Tensor, feats: Features) -> None:
+        for b, t in zip(self.bufs, (feats.k, feats.v, feats.a, feats.f)):
+            b[layer, slots] = t
+
+
+@dataclass
+class CachedStep:
+    """The canvas-cached requests of one host forward: their canvas rows [m, L] in the forward's
+    flat token rows, their slots [m] in a ``FeatureStore``, their denoise step in the canvas (host
+    ints; 0 = first step of the canvas: every layer recomputes) and their ``CanvasCache`` policies."""
+
+    rows: torch.Tensor
+    slots: torch.Tensor
+    steps: Sequence[int]
+    policies: Sequence
+    store: FeatureStore
+    generator: torch.Generator | None = None
+
+    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
+        groups, members = [], {}
+        for j, p in enumerate(self.policies):
+            members.setdefault(p, []).append(j)
+        for pol, js in members.items():
+            full = [pol.full_layer(self.steps[j], layer) for j in js]
+            idx = torch.tensor(js, device=x.device)
+            rows = self.rows[idx]
+            rec = torch.tensor(full, device=x.device)[:, None].expand_as(rows)
+            groups.append((idx, CachedRows(rows, self.store.gather(layer, self.slots[idx]), rec,
+                                           [not f for f in full], pol, (0, rows.shape[1]))))
+        out = cached_layer(ops, x, pos, [g for _, g in groups], self.generator)
+        for idx, g in groups:
+            self.store.scatter(layer, self.slots[idx], g.feats)
+        return out

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import re
+from types import SimpleNamespace
 from typing import Iterable
 
 import torch
@@ -116,6 +117,17 @@ class DiffusionLayer(nn.Module):
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         return self.mlp(self.ffn_norm(h))
+
+    def ops(self, fb: ForwardBatch) -> SimpleNamespace:
+        """This layer as dllm_core's ``LayerOps`` (flat token rows, pre-norm x) for one forward batch."""
+        att = self.self_attn
+
+        def attend(q, k, v, rows):  # SGLang's kernels take the block whole: the other queries are dropped
+            full = q.new_zeros(k.shape[0], q.shape[-1]).index_copy_(0, rows, q)
+            return att.o_proj(att.attn(full, k, v, fb).view(k.shape[0], -1)[rows])[0]
+
+        return SimpleNamespace(qkv=lambda x, pos: att.qkv(pos, self.attn_norm(x)),
+                               value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn)
 
     def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:
         a = self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)

