@@ -166,13 +166,17 @@ def test_slowfast_positional_caching_through_the_cache_policy(dream):
     """In SlowFast's fast stage the dual cache recomputes only the span: a new span is a refresh
     point (one full forward), then steps run the span alone against cached K/V elsewhere."""
     from dllm_core.cache import DualCache
+    from dllm_core.cache.fast_dllm import PrefixState
 
     widths = []
 
-    class Spy(DualCache):
-        def _window(self, model, ids, pos, at, keep):
+    class SpyState(PrefixState):
+        def _window(self, ids, pos, at, keep):
             widths.append(ids.shape[1])
-            return super()._window(model, ids, pos, at, keep)
+            return super()._window(ids, pos, at, keep)
+
+    class Spy(DualCache):
+        state_cls = SpyState
 
     prompts = [PROMPTS[0]]
     cfg = GenerationConfig(gen_length=32, block_length=16, steps=32, sampler="slowfast:min_conf=0.02,var=4,k=3")

@@ -3,7 +3,6 @@ producing hidden states. Batches of prompts of different lengths run left-padded
 per block; each row reproduces its unbatched run (rows that finish a block early idle)."""
 from __future__ import annotations
 
-import itertools
 import time
 from dataclasses import dataclass, replace
 
@@ -13,6 +12,7 @@ from ..cache import Canvas, Counters
 from ..models import DiffusionLM
 from ..sampling import TokenContext
 from .config import GenerationConfig
+from .step import plan_step, take_step
 
 
 @dataclass
@@ -94,25 +94,18 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
             s, e = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
             canvas.block = b
             sampler.begin_block(st, x[:, s:e] == mask_id)
-            for n in itertools.count():
-                if sampler.block_done(st, masked := x[:, s:e] == mask_id):
-                    break
-                if n >= cfg.block_length and not sampler.fixed_steps:
-                    raise RuntimeError(f"sampler {sampler.name} left masks after {n} steps of a block of {n}")
-                active = sampler.active(st, masked)
-                flo, fhi = sampler.focus(st)  # [B] per-row windows inside the block
-                lo, hi = sampler.window(st, active)  # their union over active rows
+            while not sampler.block_done(st, x[:, s:e] == mask_id):
+                plan = plan_step(sampler, st, x[:, s:e] == mask_id)
+                (flo, fhi), (lo, hi) = plan.focus, plan.window
                 fresh = torch.stack([s + flo - shift, s + fhi], -1)  # [B, 2]
                 xin = torch.cat([x, x.masked_fill(prompt_pos, mask_id)]) if cfg_rows else x
-                h = cache.hidden(xin, (s + lo - shift, s + hi - shift), *_rows(fresh, active, cfg_rows))
+                h = cache.hidden(xin, (s + lo - shift, s + hi - shift), *_rows(fresh, plan.active, cfg_rows))
                 logits = model.logits(h)
                 if cfg_rows:  # classifier-free guidance: un + (scale + 1) * (cond - un)
                     cond, un = logits.chunk(2)
                     logits = un + (cfg.cfg_scale + 1) * (cond - un)
-                x0, commit = sampler.step(logits, x[:, s + lo:s + hi], st, tc, lo)
-                commit &= active[:, None]
-                x[:, s + lo:s + hi] = torch.where(commit, x0, x[:, s + lo:s + hi])
-                nfe += active
+                x[:, s:e] = take_step(sampler, st, plan, logits, x[:, s:e], tc)[0]
+                nfe += plan.active
     finally:
         cache.end()
     if dev.type == "cuda":

@@ -3,11 +3,13 @@
 A sampler sees one block's window of logits and decides which masked positions to commit::
 
     st = sampler.new_state(batch, block_len, steps_per_block, device)    # per request rows
-    sampler.begin_block(st)
-    while not sampler.block_done(st, masked):                            # masked [B, L]
+    sampler.begin_block(st, masked)
+    while not sampler.block_done(st, masked):          # all rows done; per row: rows_done -> [B]
         lo, hi = sampler.focus(st)                     # [B] per-row windows inside the block
         LO, HI = sampler.window(st, active)            # their union over active rows (host ints)
         x0, commit = sampler.step(logits, x[:, LO:HI], st, tc, LO)       # logits [B, W, V]
+
+Engines drive this through ``dllm_core.engine.step`` (``plan_step`` / ``take_step``), never directly.
 
 All state lives in ``st`` (a dict of tensors, one row per request) so a host engine can keep it
 between scheduler rounds; the sampler object itself is immutable configuration.
@@ -128,9 +130,13 @@ class Sampler:
         st["n"] = 0  # host-side step counter of the block (no sync to read)
         st["m0"] = masked.sum(-1)
 
+    def rows_done(self, st: dict, masked: torch.Tensor) -> torch.Tensor:
+        """[B] bool: rows whose block is finished (variable-step rules: no mask left)."""
+        return ~masked.any(-1)
+
     def block_done(self, st: dict, masked: torch.Tensor) -> bool:
-        """Host-side loop condition (variable-step rules sync once per step here)."""
-        return not bool(masked.any())
+        """Host-side loop condition of a lock-step batch: every row done (one device sync)."""
+        return bool(self.rows_done(st, masked).all())
 
     def active(self, st: dict, masked: torch.Tensor) -> torch.Tensor:
         """Rows that still take part in this block: [B] bool."""

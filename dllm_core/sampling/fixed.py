@@ -44,8 +44,11 @@ class FixedSchedule(Sampler):
         super().begin_block(st, masked)
         st["counts"] = llada_counts(st["m0"], st["steps"])
 
+    def rows_done(self, st, masked):
+        return st["i"] >= st["steps"]
+
     def block_done(self, st, masked):
-        return st["n"] >= st["steps"]  # host counter: no device sync
+        return st["n"] >= st["steps"]  # rows_done from the host counter (lock step): no device sync
 
     def active(self, st, masked):
         return torch.ones_like(st["i"], dtype=torch.bool)

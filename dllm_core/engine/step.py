@@ -1,0 +1,81 @@
+"""One denoise step over the rows it is given, and per-row block progress: the loop body every
+engine runs (the embedded loop, the vLLM sampler, the SGLang algorithm).
+
+    plan = plan_step(sampler, st, masked)            # active rows -> focus -> window (before the forward)
+    ...                                              # the engine's forward: logits of plan.window
+    x, done = take_step(sampler, st, plan, logits, x, tc)   # propose -> commit (active rows) -> advance
+
+``x`` is the block's tokens [B, L]; ``done`` [B] says which rows finished their block (the
+sampler's ``rows_done``). ``BlockProgress`` moves rows through the blocks of a canvas.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..sampling import Sampler, TokenContext
+
+
+@dataclass
+class StepPlan:
+    """What one step is about, per row: decoding or idle, and the windows its logits must cover."""
+
+    active: torch.Tensor                        # [B] bool: rows that take part (others idle)
+    focus: tuple[torch.Tensor, torch.Tensor]    # [B], [B]: each row's window [lo, hi) in the block
+    window: tuple[int, int]                     # union of the active rows' windows (host ints)
+
+
+def plan_step(sampler: Sampler, st: dict, masked: torch.Tensor) -> StepPlan:
+    """masked [B, L] -> the step's plan (no device sync, except SlowFast's window union)."""
+    active = sampler.active(st, masked)
+    return StepPlan(active, sampler.focus(st), sampler.window(st, active))
+
+
+def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, x: torch.Tensor,
+              tc: TokenContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, W, V] of ``plan.window``, x [B, L] block tokens -> (x [B, L], done [B] bool).
+
+    Commits only in active rows; a variable-step rule that leaves masks after L steps is an error
+    (every step of such a rule commits at least one token)."""
+    lo, hi = plan.window
+    x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)
+    x = x.clone()
+    x[:, lo:hi] = torch.where(commit & plan.active[:, None], x0, x[:, lo:hi])
+    masked = x == tc.mask_id
+    L = x.shape[1]
+    if not sampler.fixed_steps and st["n"] >= L and bool(((st["i"] >= L) & masked.any(-1)).any()):
+        raise RuntimeError(f"sampler {sampler.name} left masks after {L} steps of a block of {L}")
+    return x, sampler.rows_done(st, masked)
+
+
+def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tensor,
+                 tc: TokenContext) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host engine's step with the whole block's logits [B, L, V]: plan + take_step."""
+    plan = plan_step(sampler, st, x == tc.mask_id)
+    lo, hi = plan.window
+    return take_step(sampler, st, plan, logits[:, lo:hi], x, tc)
+
+
+class BlockProgress:
+    """Per-row cursor through the ``n_blocks`` semi-autoregressive blocks of a canvas (host numpy,
+    one row per request slot): the block being decoded, whether it starts at the next step, and
+    the denoise steps taken in the canvas (dLLM-Cache's schedule)."""
+
+    def __init__(self, rows: int, n_blocks: int):
+        self.n_blocks = n_blocks
+        self.block = np.zeros(rows, dtype=np.int64)
+        self.new = np.zeros(rows, dtype=bool)
+        self.steps = np.zeros(rows, dtype=np.int64)
+
+    def start(self, rows: np.ndarray) -> None:
+        """A fresh canvas for ``rows``."""
+        self.block[rows], self.new[rows], self.steps[rows] = 0, True, 0
+
+    def advance(self, rows: np.ndarray, done: np.ndarray) -> np.ndarray:
+        """After a step of ``rows``: rows with ``done`` blocks move on. -> [len(rows)] canvas done."""
+        self.steps[rows] += 1
+        self.new[rows] = done
+        self.block[rows[done]] += 1
+        return self.block[rows] >= self.n_blocks
