@@ -69,6 +69,13 @@ class DiffusionLM(nn.Module):
                 if not (args.tied_embeddings and n == "lm_head.weight")}
 
 
+def shift_right(first: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+    """Dream's shifted logits of a block: the row predicting position i is row i - 1 of the forward,
+    so the block's first prediction comes from the position before it. first [B, V] + rows
+    [B, L, V] (the block's own rows) -> [B, L, V]."""
+    return torch.cat([first[:, None], rows[:, :-1]], 1)
+
+
 _LAYER = ["q_proj", "k_proj", "v_proj"]
 
 

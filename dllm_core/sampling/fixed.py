@@ -45,7 +45,8 @@ class FixedSchedule(Sampler):
         st["counts"] = llada_counts(st["m0"], st["steps"])
 
     def rows_done(self, st, masked):
-        return st["i"] >= st["steps"]
+        """The schedule's steps are run (a block that began without masks has nothing to run)."""
+        return (st["i"] >= st["steps"]) | (st["m0"] == 0)
 
     def block_done(self, st, masked):
         return st["n"] >= st["steps"]  # rows_done from the host counter (lock step): no device sync

@@ -2,11 +2,11 @@
 
 SGLang calls ``step(forward_batch, full_logits, states)`` after every forward of a block:
 ``input_ids`` [B * block] holds each request's block (prompt tail + masks + committed tokens),
-``full_logits`` [B * block, V] its logits. The adapter views them as [B, block], runs the
-dllm_core sampler exactly as the reference engine's loop does (``active`` / ``window`` /
-``step``, commits limited to active rows), writes the commits back into ``input_ids`` in place
-and reports per row whether the block *was* finished before this step (SGLang's contract: the
-forward after the last commit persists the block's K/V).
+``full_logits`` [B * block, V] its logits. The adapter views them as [B, block] and runs the
+core's step (``dllm_core.engine.step.denoise_step``: the loop body of every engine), writes the
+commits back into ``input_ids`` in place and reports per row whether the block *was* finished
+before this step (the sampler's ``rows_done``; SGLang's contract: the forward after the last
+commit persists the block's K/V).
 
 Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in ``RowState`` objects:
 SGLang keeps one per request across scheduler rounds (``--dllm-fdfo``, the default) and batches
@@ -20,6 +20,7 @@ from typing import Any, ClassVar, List
 
 import torch
 
+from dllm_core.engine.step import denoise_step
 from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
@@ -148,19 +149,16 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)
-        done = (~masked.any(-1)).tolist()
+        st = gather_rows(states)
+        done = self.sampler.rows_done(st, masked).tolist()
         if all(done):
             return done
-        st = gather_rows(states)
-        active = self.sampler.active(st, masked)
-        lo, hi = self.sampler.window(st, active)
-        x = ids[:, lo:hi] if forward_batch.dllm_prompt_mask is None else torch.where(
-            masked[:, lo:hi] | (ids[:, lo:hi] != self.mask_id), ids[:, lo:hi], -1)  # hide literal prompt masks
-        x0, commit = self.sampler.step(full_logits.view(B, L, -1)[:, lo:hi], x, st, self.token_context(ids.device), lo)
-        commit &= active[:, None]
-        ids[:, lo:hi] = torch.where(commit, x0, ids[:, lo:hi])  # in place: forward_batch.input_ids
-        if self.opts.caching:  # rows left without masks: their next forward persists the block
-            for s, final in zip(states, (~self.masked(forward_batch).any(-1)).tolist()):
+        pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
+        x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
+        x, after = denoise_step(self.sampler, st, full_logits.view(B, L, -1), x, self.token_context(ids.device))
+        ids.copy_(torch.where(x == -1, ids, x))  # in place: forward_batch.input_ids
+        if self.opts.caching:  # rows whose block is done: their next forward persists it
+            for s, final in zip(states, after.tolist()):
                 s.final = final
         return done
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from dllm_core.models import shift_right
+
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
@@ -91,6 +93,4 @@ class PrefixRows:
     @staticmethod
     def shift(raw: torch.Tensor, prefix: torch.Tensor) -> torch.Tensor:
         """Block logits [B*L, V] + prefix-row logits [B, V] -> Dream's shifted rows [B*L, V]."""
-        B = prefix.shape[0]
-        blk = raw.view(B, -1, raw.shape[-1])
-        return torch.cat([prefix[:, None], blk[:, :-1]], 1).flatten(0, 1)
+        return shift_right(prefix, raw.view(prefix.shape[0], -1, raw.shape[-1])).flatten(0, 1)

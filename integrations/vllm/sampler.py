@@ -24,6 +24,9 @@ import torch
 
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
+from dllm_core.engine.step import denoise_step
+from dllm_core.models import shift_right
+
 from .state import COMMIT, DENOISE, DllmStates
 
 _NO_PENALTIES = SimpleNamespace(output_bin_counts=None)
@@ -120,35 +123,19 @@ class DllmSampler:
         src = torch.as_tensor(cu[rows], dtype=torch.long, device=dev)[:, None] + torch.minimum(pos, valid[:, None] - 1)
         lg = logits[src].float()  # [m, L, V]
         if self.model.shift_logits:  # Dream: position i is predicted by row i - 1
-            first = self.model.compute_logits(st.last_hidden[idx]).float()  # [m, V]
-            lg = torch.cat([first[:, None], lg[:, :-1]], 1)
+            lg = shift_right(self.model.compute_logits(st.last_hidden[idx]).float(), lg)
         x = st.canvas[idx]  # [m, L]
         x = torch.where(pos < valid[:, None], x, st.pad_id)  # a canvas cut at max_model_len
-        win = torch.as_tensor(st.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
+        win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
         ss = st.sampler_states(pol)
-        new = torch.as_tensor(st.new_block[sl], device=dev)
+        new = torch.as_tensor(st.progress.new[sl], device=dev)
         if bool(new.any()):
             sub = ss.gather(idx[new])
             pol.sampler.begin_block(sub, xw[new] == st.mask_id)
             ss.scatter(idx[new], sub)
         state = ss.gather(idx)
-        x0, commit = pol.sampler.step(lgw, xw, state, st.token_context(pol), 0)
+        xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
         ss.scatter(idx, state)
-        xw = torch.where(commit, x0, xw)
         st.canvas[idx] = x.scatter(1, win, xw)
-        st.new_block[sl] = False
-        st.step[sl] += 1
-        st.block_step[sl] += 1
-        # Block end, per request, as dllm_core's loop decides it: no mask left, or a fixed
-        # schedule's last step (a proposal may be the [MASK] id itself); the guard stops a model
-        # that keeps proposing [MASK] under a variable-step rule.
-        done = ~(xw == st.mask_id).any(-1)
-        if pol.sampler.fixed_steps:
-            done |= state["i"] >= pol.steps
-        done = done.cpu().numpy() | (st.block_step[sl] >= max(Lb, pol.steps))  # the one host sync of a step
-        nxt = sl[done]
-        st.block[nxt] += 1
-        st.block_step[nxt] = 0
-        st.new_block[nxt] = True
-        return done & (st.block[sl] * Lb >= L)
+        return st.progress.advance(sl, done.cpu().numpy())  # the one host sync of a step

@@ -19,6 +19,7 @@ import torch
 
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.cache.executor import CachedStep, FeatureStore
+from dllm_core.engine.step import BlockProgress
 from dllm_core.sampling import Sampler, TokenContext
 
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
@@ -114,10 +115,7 @@ class DllmStates:
         self.defaults = DllmOptions.from_additional_config(vllm_config.additional_config)
         self.canvas = torch.full((max_reqs, self.canvas_len), self.mask_id, dtype=torch.long, device=device)
         self.phase = np.zeros(max_reqs, dtype=np.int8)
-        self.step = np.zeros(max_reqs, dtype=np.int64)       # denoise steps done in the current canvas
-        self.block = np.zeros(max_reqs, dtype=np.int64)      # block of the canvas being denoised
-        self.block_step = np.zeros(max_reqs, dtype=np.int64)  # denoise steps done in that block
-        self.new_block = np.zeros(max_reqs, dtype=bool)
+        self.progress = BlockProgress(max_reqs)  # block of the canvas, denoise steps in it
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
         self.slot_states: dict[tuple, SlotStates] = {}
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
@@ -134,7 +132,7 @@ class DllmStates:
             logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         self.policy[slot] = pol
-        self.phase[slot], self.step[slot], self.new_block[slot] = PREFILL, 0, False
+        self.phase[slot] = PREFILL
         self.sampler_states(pol).reset(slot)
         if not pol.cache.exact and self.features is None:
             n_layers, kv_size = self.feature_shape
@@ -159,8 +157,8 @@ class DllmStates:
         """A fresh all-mask canvas for ``slots`` (after their prefill or commit)."""
         idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
         self.canvas[idx] = self.mask_id
-        self.phase[slots], self.step[slots], self.new_block[slots] = DENOISE, 0, True
-        self.block[slots], self.block_step[slots] = 0, 0
+        self.phase[slots] = DENOISE
+        self.progress.start(slots, [self.canvas_len // self.policy[s].block_length for s in slots])
 
 
 class DllmModelState(ModelState):
@@ -226,7 +224,7 @@ class DllmModelState(ModelState):
             rows = torch.as_tensor(qsl[cached][:, None] + np.arange(st.canvas_len), dtype=torch.long,
                                    device=self.device)
             plan.cached = CachedStep(rows, torch.as_tensor(slots[cached], dtype=torch.long, device=self.device),
-                                     st.step[slots[cached]].tolist(), [st.policy[s].cache for s in slots[cached]],
+                                     st.progress.steps[slots[cached]].tolist(), [st.policy[s].cache for s in slots[cached]],
                                      st.features, st.generator)
         return plan
 
