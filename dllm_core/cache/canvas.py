@@ -49,7 +49,7 @@ import torch
 from .base import CachePolicy, CacheState, kv_buffers, nbytes
 from .executor import CachedRows, Features, FeatureReuse, cached_layer
 from ..models.layers import BlockOps
-from ..options import parse_spec
+from ..options import check_min, parse_spec
 
 
 class CanvasState(CacheState):
@@ -142,10 +142,8 @@ class CanvasCache(FeatureReuse, CachePolicy):
     kr: int = 1
 
     def __post_init__(self):
-        if self.blocks < 1:
-            raise ValueError(f"--cache canvas.blocks must be >= 1, got {self.blocks}")
-        if self.kr < 1:
-            raise ValueError(f"--cache canvas.kr must be >= 1, got {self.kr}")
+        check_min(self.blocks, 1, "--cache canvas.blocks")
+        check_min(self.kr, 1, "--cache canvas.kr")
         self.check_reuse("--cache canvas")
 
     @classmethod

@@ -20,6 +20,7 @@ from .base import CachePolicy, CacheState, nbytes
 from .executor import CachedRows, Features, FeatureReuse, cached_layer
 from .graphs import GraphRunner
 from ..models.layers import BlockOps
+from ..options import check_min
 
 
 class DLLMCacheState(CacheState):
@@ -91,8 +92,7 @@ class DLLMCache(FeatureReuse, CachePolicy):
 
     def __post_init__(self):
         for n in ("kp", "kr"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--cache dllm.{n} must be >= 1, got {getattr(self, n)}")
+            check_min(getattr(self, n), 1, f"--cache dllm.{n}")
         self.check_reuse("--cache dllm")
 
     def mode(self, c: int, layer: int) -> str:

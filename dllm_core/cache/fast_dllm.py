@@ -21,6 +21,7 @@ import torch
 
 from .base import CachePolicy, CacheState, kv_buffers, nbytes
 from .graphs import GraphRunner
+from ..options import check_min
 
 
 class PrefixState(CacheState):
@@ -80,8 +81,7 @@ class PrefixCache(CachePolicy):
     every: int = 0
 
     def __post_init__(self):
-        if self.every < 0:
-            raise ValueError(f"--cache {self.name}.every must be >= 0 (0 = refresh only per block), got {self.every}")
+        check_min(self.every, 0, f"--cache {self.name}.every", note=" (0 = refresh only per block)")
 
 
 @dataclass(frozen=True)

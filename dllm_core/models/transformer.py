@@ -68,6 +68,19 @@ class DiffusionLM(nn.Module):
         return {cls.to_hf(n): n for n, _ in cls(args).to("meta").named_parameters()
                 if not (args.tied_embeddings and n == "lm_head.weight")}
 
+    @classmethod
+    def native_weights(cls, args: ModelArgs, weights, owner: str):
+        """Stream HF checkpoint tensors as (internal name, tensor); keys the architecture does not
+        have are an error naming ``owner`` (RoPE ``inv_freq`` buffers some checkpoints carry are skipped)."""
+        names, unknown = cls.from_hf_map(args), []
+        for hf, w in weights:
+            if hf in names:
+                yield names[hf], w
+            elif "rotary_emb.inv_freq" not in hf:
+                unknown.append(hf)
+        if unknown:
+            raise ValueError(f"{owner}: unexpected checkpoint keys {unknown[:5]}")
+
 
 def shift_right(first: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
     """Dream's shifted logits of a block: the row predicting position i is row i - 1 of the forward,

@@ -22,6 +22,8 @@ from typing import ClassVar
 
 import torch
 
+from ..options import OptionError
+
 NEG = -math.inf
 CONFIDENCES = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy")
 
@@ -118,8 +120,8 @@ class Sampler:
 
     def __post_init__(self):
         if self.confidence not in CONFIDENCES:
-            raise ValueError(f"--sampler {self.name}.confidence must be one of {list(CONFIDENCES)}, "
-                             f"got {self.confidence!r}")
+            raise OptionError(f"--sampler {self.name}.confidence",
+                              f"must be one of {list(CONFIDENCES)}, got {self.confidence!r}")
 
     def new_state(self, batch: int, block_len: int, steps: int, device) -> dict:
         return {"i": torch.zeros(batch, dtype=torch.long, device=device), "steps": steps, "L": block_len}

@@ -8,7 +8,7 @@ from typing import ClassVar
 import torch
 
 from .base import Sampler, top_n
-from ..options import check_choice
+from ..options import check_choice, check_min
 
 
 def llada_counts(m: torch.Tensor, steps: int) -> torch.Tensor:
@@ -37,8 +37,7 @@ class FixedSchedule(Sampler):
     def __post_init__(self):
         super().__post_init__()
         check_choice(self.schedule, ("llada", "dream"), f"--sampler {self.name}.schedule")
-        if self.alg_temp < 0:
-            raise ValueError(f"--sampler {self.name}.alg_temp must be >= 0, got {self.alg_temp}")
+        check_min(self.alg_temp, 0, f"--sampler {self.name}.alg_temp")
 
     def begin_block(self, st, masked):
         super().begin_block(st, masked)

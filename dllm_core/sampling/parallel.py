@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 
 from .base import Sampler, masked_score, rank_desc
-from ..options import check_range
+from ..options import check_min, check_range
 
 
 def threshold_commit(conf: torch.Tensor, masked: torch.Tensor, tau: float) -> torch.Tensor:
@@ -51,8 +51,7 @@ class Factor(Sampler):
 
     def __post_init__(self):
         super().__post_init__()
-        if not self.f > 0:
-            raise ValueError(f"--sampler factor.f must be > 0, got {self.f}")
+        check_min(self.f, 0, "--sampler factor.f", strict=True)
 
     def select(self, conf, masked, st, lo):
         return factor_commit(conf, masked, self.f)

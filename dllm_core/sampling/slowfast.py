@@ -7,7 +7,7 @@ from typing import ClassVar
 import torch
 
 from .base import NEG, Sampler, masked_score, rank_desc
-from ..options import check_choice, check_range
+from ..options import check_choice, check_min, check_range
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,8 @@ class SlowFast(Sampler):
         check_range(self.min_conf, 0.0, 1.0, "--sampler slowfast.min_conf")
         check_range(self.high, 0.0, 1.0, "--sampler slowfast.high")
         for n in ("k", "w_hist", "k_fast"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--sampler slowfast.{n} must be >= 1, got {getattr(self, n)}")
-        if self.var < 0:
-            raise ValueError(f"--sampler slowfast.var must be >= 0, got {self.var}")
+            check_min(getattr(self, n), 1, f"--sampler slowfast.{n}")
+        check_min(self.var, 0, "--sampler slowfast.var")
         check_choice(self.stat, ("var", "std"), "--sampler slowfast.stat")
         check_choice(self.fallback, ("mean", "extreme"), "--sampler slowfast.fallback")
 

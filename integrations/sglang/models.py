@@ -17,8 +17,6 @@ plain forward:
 """
 from __future__ import annotations
 
-import functools
-import re
 from types import SimpleNamespace
 from typing import Iterable
 
@@ -195,22 +193,6 @@ class DiffusionLMForSGLang(nn.Module):
         return out
 
     # ---- weights ---------------------------------------------------------------------------
-    @classmethod
-    @functools.cache
-    def _hf_patterns(cls):
-        """(regex over the HF name, dllm_core name template) from dllm_core's ``hf_keys``."""
-        return [(re.compile("^" + re.escape(hf).replace(r"\{i\}", r"(\d+)") + "$"), name)
-                for name, hf in cls.core_cls.hf_keys.items()]
-
-    @classmethod
-    def core_name(cls, hf_name: str) -> str | None:
-        """HF checkpoint key -> dllm_core parameter name (``layers.3.q_proj.weight``), or None."""
-        for pat, tmpl in cls._hf_patterns():
-            m = pat.match(hf_name)
-            if m:
-                return tmpl.replace("{i}", m.group(1)) if m.groups() else tmpl
-        return None
-
     @staticmethod
     def sglang_name(name: str) -> tuple[str, object]:
         """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
@@ -227,21 +209,14 @@ class DiffusionLMForSGLang(nn.Module):
         """Load real HF checkpoint tensors (LLaDA / Dream key names) through each parameter's
         SGLang ``weight_loader`` (TP sharding, fused QKV / gate-up)."""
         params = dict(self.named_parameters())
-        loaded, unknown = set(), []
-        for hf_name, w in weights:
-            name = self.core_name(hf_name)
-            if name is None:
-                if "rotary_emb.inv_freq" not in hf_name:
-                    unknown.append(hf_name)
-                continue
+        loaded = set()
+        for name, w in self.core_cls.native_weights(self.args, weights, type(self).__name__):
             if name == "embed.weight" and self.args.tied_embeddings:
                 self._load(params["lm_head.weight"], w, None)
                 loaded.add("lm_head.weight")
             target, shard = self.sglang_name(name)
             self._load(params[target], w, shard)
             loaded.add(target)
-        if unknown:
-            raise ValueError(f"{type(self).__name__}: unexpected checkpoint keys {unknown[:5]}")
         missing = sorted(set(params) - loaded)
         if missing:
             raise ValueError(f"{type(self).__name__}: checkpoint lacks {missing[:5]}")

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from dllm_core.cache.canvas import CanvasCache
+from dllm_core.options import OptionError, check_value
 from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
 
 DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
@@ -48,18 +49,6 @@ def read_yaml(path: str | None) -> dict:
     return cfg
 
 
-def _check_type(value, typ: str, where: str):
-    ok = {"float": lambda v: isinstance(v, (int, float)) and not isinstance(v, bool),
-          "int": lambda v: isinstance(v, int) and not isinstance(v, bool),
-          "bool": lambda v: isinstance(v, bool), "str": lambda v: isinstance(v, str)}
-    base = typ.split("|")[0].strip()
-    if value is None and "None" in typ:
-        return value
-    if base in ok and not ok[base](value):
-        raise ValueError(f"{where} must be a {base}, got {value!r}")
-    return float(value) if base == "float" else value
-
-
 def options_of(cls, exclude=()) -> dict:
     """The init fields of a dllm_core config dataclass, by name."""
     return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
@@ -72,11 +61,11 @@ def build(cls, opts: dict, where: str, also_allowed=(), exclude=()):
     unknown = sorted(set(opts) - set(fields))
     if unknown:
         raise ValueError(f"{where} has no option {unknown[0]!r}; allowed: {sorted([*fields, *also_allowed])}")
-    kwargs = {k: _check_type(v, str(fields[k].type), f"{where}.{k}") for k, v in opts.items()}
+    kwargs = {k: check_value(v, str(fields[k].type), f"{where}.{k}") for k, v in opts.items()}
     try:
         return cls(**kwargs)
-    except ValueError as e:  # dllm_core names its CLI flag; name the YAML key instead
-        raise ValueError(f"{where}: {str(e).replace('--sampler ', '').replace('--cache canvas.', '')}") from None
+    except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
+        raise ValueError(e.under(where)) from None
 
 
 @dataclass(frozen=True)
@@ -117,7 +106,7 @@ class AlgorithmOptions:
         if cache is not None and not isinstance(cache, dict):
             allowed = sorted(options_of(CanvasCache, NOT_IN_SGLANG))
             raise ValueError(f"{algo}.{CACHE_KEY} must be a mapping of {allowed}")
-        decoding = {k: _check_type(cfg.pop(k), t, f"{algo}.{k}") for k, t in DECODING.items() if k in cfg}
+        decoding = {k: check_value(cfg.pop(k), t, f"{algo}.{k}") for k, t in DECODING.items() if k in cfg}
         if sampler_name is None:
             sampler, steps = cls._generic(algo, cfg)
         else:
@@ -134,10 +123,10 @@ class AlgorithmOptions:
         unknown = sorted(set(cfg) - {"sampler", "steps"})
         if unknown:
             raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")
-        spec = _check_type(cfg.get("sampler", "low_confidence"), "str", f"{algo}.sampler")
-        steps = _check_type(cfg.get("steps"), "int | None", f"{algo}.steps")
+        spec = check_value(cfg.get("sampler", "low_confidence"), "str", f"{algo}.sampler")
+        steps = check_value(cfg.get("steps"), "int | None", f"{algo}.steps")
         try:
             sampler = make_sampler(spec)
-        except ValueError as e:
-            raise ValueError(f"{algo}.sampler: {str(e).replace('--sampler: ', '').replace('--sampler ', '')}") from None
+        except ValueError as e:  # a spec string: its errors name the spec's own syntax
+            raise ValueError(f"{algo}.sampler: {e}") from None
         return sampler, steps

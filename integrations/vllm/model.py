@@ -157,13 +157,9 @@ class DllmForDiffusion(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load the checkpoint with its real HF key names (mapped through dllm_core's table)."""
-        names = self.native.from_hf_map(self.args)  # HF key -> native parameter name
         params = dict(self.named_parameters())
         loaded = set()
-        for hf_name, w in weights:
-            if hf_name not in names:
-                raise ValueError(f"{type(self).__name__}: unexpected checkpoint key {hf_name!r}")
-            native = names[hf_name]
+        for native, w in self.native.native_weights(self.args, weights, type(self).__name__):
             *path, mod, kind = native.split(".")
             target, shard = ".".join([*path, mod, kind]), None
             if mod in PACKED:

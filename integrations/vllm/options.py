@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from dllm_core.cache.canvas import CanvasCache
+from dllm_core.options import check_value
 from dllm_core.sampling import Sampler, make_sampler
 
 PREFIX = "dllm_"
@@ -72,7 +73,7 @@ class DllmOptions:
         unknown = sorted(set(raw) - set(types))
         if unknown:
             raise ValueError(f"{where}{unknown[0]}: unknown dllm option; allowed: {sorted(types)}")
-        vals = {k: _check_type(v, types[k], where + k) for k, v in raw.items()}
+        vals = {k: check_value(v, types[k], where + k) for k, v in raw.items()}
         for k, v in vals.items():  # one at a time, so the error names the option
             try:
                 replace(DllmOptions(), **{k: v})
@@ -86,24 +87,6 @@ class DllmOptions:
 
     def cache_obj(self) -> CanvasCache:
         return CanvasCache.from_spec(self.cache)
-
-
-def _check_type(v, typ: str, where: str):
-    if "bool" in typ:  # HTTP vllm_xargs carry no booleans: accept 0 / 1 and "true" / "false" too
-        word = str(v).lower()
-        if word not in ("true", "false", "1", "0"):
-            raise ValueError(f"{where} must be true or false, got {v!r}")
-        v = word in ("true", "1")
-    elif typ.startswith("int"):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int)):
-            raise ValueError(f"{where} must be an integer, got {v!r}")
-    elif typ.startswith("float"):
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ValueError(f"{where} must be a number, got {v!r}")
-        v = float(v)
-    elif not isinstance(v, str):
-        raise ValueError(f"{where} must be a string spec, got {v!r}")
-    return v
 
 
 def validate_request(sampling_params) -> None:
