@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 from ..cache import CachePolicy, make_cache
 from ..sampling import Sampler, make_sampler
+from ..sampling.base import check_proposal
 
 
 @dataclass(frozen=True)
@@ -40,14 +41,9 @@ class GenerationConfig:
         if self.sampler.fixed_steps and self.steps % self.num_blocks:
             raise ValueError(f"--steps {self.steps} must be a multiple of the number of blocks "
                              f"{self.num_blocks} (gen_length / block_length)")
-        if self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
+        check_proposal(self.temperature, self.top_p, self.top_k, lambda n: "--" + n.replace("_", "-"))
         if self.cfg_scale < 0:
             raise ValueError(f"--cfg-scale must be >= 0, got {self.cfg_scale}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"--top-k must be >= 1, got {self.top_k}")
 
     @property
     def num_blocks(self) -> int:

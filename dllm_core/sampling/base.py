@@ -22,7 +22,7 @@ from typing import ClassVar
 
 import torch
 
-from ..options import OptionError
+from ..options import OptionError, check_min
 
 NEG = -math.inf
 CONFIDENCES = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy")
@@ -41,6 +41,15 @@ class TokenContext:
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
     generator: torch.Generator | None = None
+
+
+def check_proposal(temperature: float, top_p: float | None, top_k: int | None, flag=str) -> None:
+    """Validate the proposal-sampling knobs; ``flag`` names an option in the caller's vocabulary."""
+    check_min(temperature, 0, flag("temperature"))
+    if top_p is not None and not 0 < top_p <= 1:
+        raise OptionError(flag("top_p"), f"must be in (0, 1], got {top_p}")
+    if top_k is not None:
+        check_min(top_k, 1, flag("top_k"))
 
 
 def filter_logits(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:

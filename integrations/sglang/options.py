@@ -24,6 +24,7 @@ from pathlib import Path
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.options import OptionError, check_value
 from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
+from dllm_core.sampling.base import check_proposal
 
 DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
 HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
@@ -81,12 +82,7 @@ class AlgorithmOptions:
     seed: int = 0
 
     def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_p is not None and not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k is not None and self.top_k < 1:
-            raise ValueError(f"top_k must be >= 1, got {self.top_k}")
+        check_proposal(self.temperature, self.top_p, self.top_k)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
 
