@@ -145,6 +145,10 @@ class Sampler:
         """[B] bool: rows whose block is finished (variable-step rules: no mask left)."""
         return ~masked.any(-1)
 
+    def max_steps(self, block_len: int, steps: int) -> int:
+        """The most steps a block can take: variable rules commit >= 1 token per step."""
+        return block_len
+
     def block_done(self, st: dict, masked: torch.Tensor) -> bool:
         """Host-side loop condition of a lock-step batch: every row done (one device sync)."""
         return bool(self.rows_done(st, masked).all())

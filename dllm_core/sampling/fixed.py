@@ -47,6 +47,9 @@ class FixedSchedule(Sampler):
         """The schedule's steps are run (a block that began without masks has nothing to run)."""
         return (st["i"] >= st["steps"]) | (st["m0"] == 0)
 
+    def max_steps(self, block_len, steps):
+        return max(block_len, steps)
+
     def block_done(self, st, masked):
         return st["n"] >= st["steps"]  # rows_done from the host counter (lock step): no device sync
 

@@ -104,9 +104,9 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         self._tc: TokenContext | None = None
 
     def max_steps(self, block_size: int) -> int:
-        """Forwards per block in the synchronous loop: every step commits >= 1 token, a
-        fixed schedule may take ``steps``; +1 for the forward that persists the block."""
-        return max(block_size, self.steps if self.sampler.fixed_steps else 0) + 1
+        """Forwards per block in the synchronous loop: the sampler's most steps + the forward
+        that persists the block."""
+        return self.sampler.max_steps(block_size, self.steps) + 1
 
     def token_context(self, device) -> TokenContext:
         if self._tc is None:
