@@ -115,3 +115,25 @@ def test_prefix_policy_rows_are_independent(dream):
     assert torch.equal(k_after[0, :, 9], k_before[0, :, 9])  # row 0 kept its cached suffix
     assert not torch.equal(k_after[1, :, 9], k_before[1, :, 9])  # row 1 recomputed everything
     st.end()
+
+
+def test_v_verify_picks_the_positions_whose_value_moved(llada):
+    """The executor compares fresh V with the V cached before this step (not with itself) and
+    leaves every candidate's V refreshed."""
+    from dllm_core.cache import DLLMCache
+    from dllm_core.cache.executor import CachedRows, Features, recompute_mask
+    from dllm_core.models.layers import BlockOps
+
+    a = llada.args
+    ops = BlockOps(llada.layers[1], llada.rotary, 1, None)
+    x, pos = torch.randn(12, a.dim, generator=torch.Generator().manual_seed(0)), torch.arange(12)
+    feats = Features.zeros(1, 12, a.n_kv_heads * a.head_dim, a.dim, x)
+    with torch.no_grad():
+        feats.v[0] = ops.value(x)
+        moved = [3, 7, 9]
+        feats.v[0, moved] += 1.0
+        g = CachedRows(torch.arange(12).view(1, 12), feats, torch.zeros(1, 12, dtype=torch.bool), [True],
+                       DLLMCache(rho=0.25), (0, 12), dense=True)
+        rec = recompute_mask(ops, x, pos, [g])
+        assert rec.nonzero().flatten().tolist() == moved
+        assert torch.equal(feats.v[0], ops.value(x))

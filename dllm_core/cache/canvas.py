@@ -122,7 +122,7 @@ class CanvasState(CacheState):
         for i, (layer, (k, v), feats) in enumerate(zip(m.layers, self.kv, self.feats)):
             full = np.array([pol.full_layer(int(c), i) for c in self.steps]) & active
             g = CachedRows(self.rows, feats, torch.as_tensor(full, device=x.device)[:, None].expand(B, L),
-                           (~full & active).tolist(), pol, (0, L))
+                           (~full & active).tolist(), pol, (0, L), dense=True)
             ops = BlockOps(layer, m.rotary, B, mask, prefix=(k[:, :, :s], v[:, :, :s]))
             h = cached_layer(ops, h, pos, [g], self.gen, counters=self.counters)
             self.counters.token_layers += L if full.any() else n if active.any() else 0

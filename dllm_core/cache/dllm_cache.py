@@ -71,7 +71,7 @@ class DLLMCacheState(CacheState):
         for layer, feats, mode in zip(m.layers, self.feats, modes):
             rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
             rec[:, {"full": slice(0, T), "prompt": slice(0, P), "response": slice(P, T)}.get(mode, slice(0, 0))] = True
-            g = CachedRows(self.rows, feats, rec, [mode == "adaptive"] * B, self.policy, (P, T))
+            g = CachedRows(self.rows, feats, rec, [mode == "adaptive"] * B, self.policy, (P, T), dense=True)
             ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=counts[mode])
             h = cached_layer(ops, h, pos, [g], self.gen, count=B * counts[mode])
         return h.view(B, T, -1)

@@ -94,6 +94,7 @@ class CachedRows:
     verify: Sequence[bool]    # [m] host bools: rows whose adaptive pick runs
     reuse: FeatureReuse
     cand: tuple[int, int]     # region columns [lo, hi) the pick draws from
+    dense: bool = False       # rows == arange(N).view(m, L): the features are the forward's own rows
 
 
 def _candidates(ops: LayerOps, x, pos, g: CachedRows, idx: torch.Tensor):
@@ -130,40 +131,35 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
 
 def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows],
                  generator: torch.Generator | None = None, count: int | None = None, counters=None) -> torch.Tensor:
-    """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups``: -> [N, d].
-
-    ``count``: the number of recomputed rows when the caller knows it (fixed shapes, no device
-    sync: CUDA-graph capturable); otherwise it is read from the mask."""
+    """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups`` (at least
+    one): -> [N, d]. ``count``: the number of recomputed rows when the caller knows it (fixed shapes,
+    no device sync: CUDA-graph capturable); otherwise it is read from the mask."""
     rec = recompute_mask(ops, x, pos, groups, generator, counters)
     ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
-    out, fresh_a, fresh_f = x.clone(), torch.zeros_like(x), torch.zeros_like(x)
+    dense = len(groups) == 1 and groups[0].dense
+    k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in vars(groups[0].feats).values())
     if ridx.shape[0]:
-        k, v, a, f = _recompute(ops, x, pos, groups, ridx)
-        out[ridx] = x[ridx] + a + f
-        fresh_a[ridx], fresh_f[ridx] = a, f
-    else:  # nothing recomputed: the cached K/V stay
-        k = v = None
-    for g in groups:
-        r, keep = g.rows.flatten(), rec[g.rows][..., None]  # [m*L], [m, L, 1]
-        fe = g.feats
-        if k is not None:
-            fe.k.copy_(k[g.rows]), fe.v.copy_(v[g.rows])
-        fe.a.copy_(torch.where(keep, fresh_a[g.rows], fe.a)), fe.f.copy_(torch.where(keep, fresh_f[g.rows], fe.f))
-        out[r] = (x[g.rows] + fe.a + fe.f).flatten(0, 1)
-    return out
+        q, k[ridx], v[ridx] = ops.qkv(x[ridx], pos[ridx])
+        a[ridx] = att = ops.attend(q, k, v, ridx)
+        f[ridx] = ops.ffn(x[ridx] + att)
+    if not dense:
+        for g in groups:
+            for buf, t in zip(vars(g.feats).values(), (k, v, a, f)):
+                buf.copy_(t[g.rows])
+    return x + a + f
 
 
-def _recompute(ops: LayerOps, x, pos, groups: Sequence[CachedRows], ridx: torch.Tensor):
-    """Fresh Q/K/V, attention and FFN of rows ``ridx``: -> k, v [N, Hkv*D] (cached K/V elsewhere),
-    attention and FFN outputs [n, d]."""
-    N = x.shape[0]
-    q, k_r, v_r = ops.qkv(x[ridx], pos[ridx])
-    k, v = x.new_empty(N, k_r.shape[-1]), x.new_empty(N, v_r.shape[-1])
+def _flat(groups: Sequence[CachedRows], x: torch.Tensor):
+    """k, v [N, Hkv*D], a, f [N, d]: the groups' cached features at their rows (other rows are all
+    recomputed, so they are left unset)."""
+    fe = groups[0].feats
+    k, v = x.new_empty(x.shape[0], fe.k.shape[-1]), x.new_empty(x.shape[0], fe.v.shape[-1])
+    a, f = torch.empty_like(x), torch.empty_like(x)
     for g in groups:
-        k[g.rows.flatten()], v[g.rows.flatten()] = g.feats.k.flatten(0, 1), g.feats.v.flatten(0, 1)
-    k[ridx], v[ridx] = k_r, v_r
-    a = ops.attend(q, k, v, ridx)
-    return k, v, a, ops.ffn(x[ridx] + a)
+        r = g.rows.flatten()
+        for buf, t in zip((k, v, a, f), vars(g.feats).values()):
+            buf[r] = t.flatten(0, 1)
+    return k, v, a, f
 
 
 class FeatureStore:
