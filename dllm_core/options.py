@@ -45,7 +45,7 @@ class OptionError(ValueError):
 
     def __init__(self, name: str, rule: str):
         super().__init__(f"{name} {rule}")
-        self.key, self.rule = name.rpartition(".")[2].lstrip("-"), rule
+        self.key, self.rule = name.rpartition(".")[2].lstrip("-").replace("-", "_"), rule  # the field
 
     def under(self, where: str) -> str:
         """The message with the option named ``where.<key>``."""

@@ -11,6 +11,7 @@ import torch
 from dllm_core.drafters import (DFlashConfig, SamplingParams, SpecConfig, accept_greedy, accept_sampled,
                                 ar_generate, load_drafter, save_drafter, speculative_generate)
 from dllm_core.drafters.blocks import IGNORE, block_mask, loss_weights, pack_blocks, sample_anchors
+from dllm_core.drafters.sampling import Emitter, clip_at_stop, probs_from_logits, target_choice
 from dllm_core.drafters.speculative import crop_cache
 from dllm_core.drafters.target import load_target
 from dllm_core.drafters.tiny import build_tiny_drafter, build_tiny_target
@@ -316,6 +317,43 @@ def test_sampled_speculative_decoding_runs(target, trained_drafter, text_prompts
     assert len(s3.tokens) == 24
     with pytest.raises(ValueError, match="--top-p must be in \\(0, 1\\]"):
         SamplingParams(temperature=1.0, top_p=0.0)
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 0.5), (0.7, 5, 0.9), (1.3, 3, 1.0), (0.5, 0, 0.3)])
+def test_ar_and_diffusion_filter_logits_identically(temperature, top_k, top_p):
+    """One temperature / top-k / top-p rule for the whole package: the AR side's distribution is the diffusion
+    samplers' (Dream's top-p: a token stays while the mass *before* it is <= top_p)."""
+    from dllm_core.sampling.base import TokenContext, confidence, filter_logits
+
+    logits = torch.randn(3, 6, 40, generator=torch.Generator().manual_seed(0)) * 3
+    sp = SamplingParams(temperature, top_k, top_p)
+    tc = TokenContext(mask_id=0, temperature=temperature, top_p=top_p, top_k=top_k)
+    p = probs_from_logits(logits, sp)  # [3, 6, 40]
+    torch.testing.assert_close(p, filter_logits(logits, tc).softmax(-1), rtol=0, atol=0)
+    x0 = p.argmax(-1)
+    torch.testing.assert_close(p.gather(-1, x0[..., None])[..., 0], confidence("maskgit_plus", logits, x0, tc))
+    assert int((p > 0).sum(-1).min()) >= 1 and (top_k == 0 or int((p > 0).sum(-1).max()) <= top_k)
+
+
+def test_top_p_edge_keeps_the_token_that_reaches_top_p():
+    """Four equal tokens (0.25 each, exact in float), top_p = 0.5: the third token's preceding mass is exactly
+    0.5, so it stays - three tokens at 1/3 (a `>=` rule would keep two)."""
+    p = probs_from_logits(torch.zeros(2, 4), SamplingParams(1.0, 0, 0.5))
+    assert ((p > 0).sum(-1) == 3).all()
+    torch.testing.assert_close(p.max(-1).values, torch.full((2,), 1 / 3))
+    g = torch.Generator().manual_seed(0)
+    draws = target_choice(torch.zeros(4000, 4), SamplingParams(1.0, 0, 0.5), g)  # [4000]
+    kept = (p[0] > 0).nonzero()[:, 0]
+    assert torch.isin(draws, kept).all() and len(draws.unique()) == 3
+
+
+def test_emitter_stops_at_stop_tokens_and_max_new_tokens():
+    emit = Emitter(6, stop_token_ids=(9,))
+    assert emit([1, 2]) == [1, 2] and not emit.done
+    assert emit([3, 9, 4]) == [3, 9] and emit.done and emit.tokens == [1, 2, 3, 9]  # the stop token is kept
+    emit = Emitter(3)
+    assert emit([1, 2, 3, 4]) == [1, 2, 3] and emit.done
+    assert clip_at_stop([5, 9, 9], 10, {9}) == [5, 9] and clip_at_stop([5, 6], 0, {9}) == []
 
 
 # --- training: sparse mask, packing, loss, resume ---------------------------------------------------------------

@@ -364,3 +364,148 @@ def test_candidate_paths_rank_ngrams_with_the_heads():
     assert paths == [[5, 6], [5, 6]]  # only the n-gram the heads rank first
     paths = candidate_paths(levels, table, 7, True, 1, 1, 3)  # dynamic: keyed on the drafted first token 5
     assert paths == [[5, 6], [5, 6, 9]]
+
+
+def test_candidate_paths_without_heads_are_the_ngrams():
+    from dllm_core.drafters.tokenswift.draft import candidate_paths
+
+    table = NGramTable(3)
+    table.update([7, 1, 2, 7, 1, 2, 7, 3, 4, 7, 5, 6, 9])  # after 7: (1, 2) x2, then (5, 6), (3, 4) by recency
+    assert candidate_paths(None, table, 7, False, 1, 1, 3) == [[1, 2], [5, 6], [3, 4]]
+    assert candidate_paths(None, table, 7, False, 1, 1, 3, ngram_paths=2) == [[1, 2], [5, 6]]
+    assert candidate_paths(None, table, 8, False, 1, 1, 3) == []
+
+
+# --- one drafter for every host --------------------------------------------------------------------------------
+def test_main_branch_follows_the_child_most_candidates_go_through():
+    from dllm_core.drafters.tokenswift.tree import main_branch
+
+    tree = build_tree(7, [[1, 2], [3, 4, 5], [1, 2, 6, 8], [1, 9]])  # 1: 2 leaves below, 3: 1; then 2 vs 9: a tie
+    assert main_branch(tree, 5) == [1, 2, 6, 8]
+    assert main_branch(tree, 2) == [1, 2] and main_branch(tree, 0) == []
+    assert main_branch(build_tree(7, [[1, 2], [3, 4], [3, 5]]), 3) == [3, 4]  # outvoted: the later branch
+    assert main_branch(build_tree(7, [[3], [3, 4], [1, 2, 6]]), 3) == [3, 4]  # a tie: the earlier candidate
+    assert main_branch(build_tree(7, []), 3) == []
+
+
+def test_padded_tree_has_a_fixed_width():
+    from dllm_core.drafters.tokenswift.tree import padded
+
+    ids, mask = padded(build_tree(5, [[1, 2], [1, 3]]), 6)  # 5 -> 1 -> {2, 3}, two padding children of the root
+    assert ids.tolist() == [5, 1, 2, 3, 5, 5]
+    assert mask.int().tolist() == [[1, 0, 0, 0, 0, 0], [1, 1, 0, 0, 0, 0], [1, 1, 1, 0, 0, 0], [1, 1, 0, 1, 0, 0],
+                                   [1, 0, 0, 0, 1, 0], [1, 0, 0, 0, 0, 1]]
+    with pytest.raises(ValueError, match="does not fit 3 draft tokens"):
+        padded(build_tree(0, [[1, 2, 3]]), 3)
+
+
+def test_draft_options_are_shared_by_the_loop_and_the_hosts():
+    from dataclasses import asdict, fields
+
+    from dllm_core.drafters.tokenswift.config import DraftOptions
+
+    cfg = TokenSwiftConfig()
+    assert isinstance(cfg, DraftOptions)
+    assert {f.name: getattr(cfg, f.name) for f in fields(DraftOptions)} == asdict(DraftOptions())
+    with pytest.raises(ValueError, match="--head-topk must be >= 1, got 0"):
+        DraftOptions(head_topk=0)
+    with pytest.raises(ValueError, match="--ngram-paths must be >= 0, got -1"):
+        TokenSwiftConfig(ngram_paths=-1)
+    with pytest.raises(ValueError, match=r"host\.ngram_topk must be an integer, got 2\.5"):
+        DraftOptions.from_mapping({"ngram_topk": 2.5}, "host")
+    with pytest.raises(ValueError, match=r"^host\.max_nodes must be >= 0, got -1$"):
+        DraftOptions.from_mapping({"max_nodes": -1}, "host")
+    with pytest.raises(ValueError, match=r"host: unknown option\(s\) \['budget'\]"):
+        DraftOptions.from_mapping({"budget": 3}, "host")  # the loop's draft cache, not a drafting option
+    assert DraftOptions.from_mapping({"x": 1, "max_nodes": 3}, "host", host_keys=("x",)) == DraftOptions(max_nodes=3)
+
+
+def test_host_drafter_keeps_one_state_per_key_and_restarts_it_for_another_request():
+    from dllm_core.drafters.tokenswift.config import DraftOptions
+    from dllm_core.drafters.tokenswift.drafter import TokenSwiftDrafter
+
+    d = TokenSwiftDrafter(DraftOptions(ngram_n=2, ngram_topk=4))
+    a = d.request(0, [1, 2, 1, 3])
+    assert d.request(0, [1, 2, 1, 3, 1]) is a and a.seen == 5  # fed incrementally
+    assert a.table.top(1, 4) == [(3,), (2,)]
+    b = d.request(0, [9, 2, 1])  # shorter: another request took key 0
+    assert b is not a and b.table.top(1, 4) == [] and d.request(0, [9, 2, 1, 5, 6, 7]) is b
+    c = d.request(0, [9, 2, 4, 5, 6, 7, 8])  # same newest-seen token, other first tokens
+    assert c is not b and d.request(0, [9, 2, 4, 5, 6, 0, 8]) is not c  # other token at the last one seen
+    tree = d.tree(1, [4, 5, 4, 6, 4])  # no heads: the n-grams of key 1 only
+    assert tree.tokens.tolist() == [4, 6, 5] and d.chain(1, [4, 5, 4, 6, 4], 3) == [6]
+    d.erase([0, 1])
+    assert d.requests == {}
+    with pytest.raises(ValueError, match="heads need the target's lm_head"):
+        TokenSwiftDrafter(DraftOptions(), heads=object())
+
+
+def test_embedded_loop_vllm_and_sglang_draft_the_same(target, heads, tmp_path, monkeypatch):
+    """The embedded loop's trees, replayed with the same token histories and hidden rows through the SGLang
+    drafter and the vLLM proposer (default options everywhere): the same trees, and vLLM's chain is their main
+    branch."""
+    from types import SimpleNamespace
+
+    import numpy as np
+
+    from dllm_core.drafters.tokenswift.drafter import RequestDrafter
+    from dllm_core.drafters.tokenswift.tree import main_branch, padded
+    from integrations.sglang.tokenswift import TreeDrafter
+    from integrations.vllm.tokenswift_proposer import TokenSwiftProposer
+
+    events, draft, set_hidden = [], RequestDrafter.draft, RequestDrafter.set_hidden
+
+    def spy_draft(self, tokens, levels=None, drafted_first=False, device="cpu"):
+        h0 = self.h0(tokens)
+        tree = draft(self, tokens, levels, drafted_first, device)
+        events.append(("draft", list(tokens), h0, tree))
+        return tree
+
+    def spy_hidden(self, rows):
+        events.append(("hidden", rows.clone()))
+        set_hidden(self, rows)
+
+    cfg = TokenSwiftConfig(max_new_tokens=80)
+    with monkeypatch.context() as m:
+        m.setattr(RequestDrafter, "draft", spy_draft)
+        m.setattr(RequestDrafter, "set_hidden", spy_hidden)
+        assert len(tokenswift_generate(target, heads, PROMPT, cfg).tokens) == 80
+
+    lm = target.get_output_embeddings()
+
+    class VllmTarget(torch.nn.Module):  # what the proposer uses of vLLM's model: parameters, hook, compute_logits
+        def __init__(self):
+            super().__init__()
+            self.lm = lm
+
+        def compute_logits(self, h):
+            return self.lm(h)
+
+    vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3),
+                                  model_config=SimpleNamespace(max_model_len=4096,
+                                                               get_hidden_size=lambda: target.config.hidden_size),
+                                  additional_config={"tokenswift": {"heads": str(save_heads(heads, tmp_path / "h"))}})
+    proposer = TokenSwiftProposer(vllm_config)
+    proposer.load_model(VllmTarget())
+    sglang = TreeDrafter(cfg.max_nodes + 1, heads=heads, lm_head=lm)
+    steps, extended = 0, 0
+    for ev in events:
+        if ev[0] == "hidden":
+            sglang.set_hidden("r", ev[1])
+            continue
+        _, tokens, h0, tree = ev
+        want = (tree.tokens.tolist(), tree.parents.tolist())
+        ids, mask = sglang.draft("r", tokens)
+        got = sglang.requests["r"].tree
+        assert (got.tokens.tolist(), got.parents.tolist()) == want
+        want_ids, want_mask = padded(tree, cfg.max_nodes + 1)
+        assert ids.tolist() == want_ids.tolist() and (mask == want_mask.numpy()).all()
+        n = len(tokens)
+        proposer._captured = (h0[None], torch.tensor([n - 2]), torch.tensor([0, 1]))  # the hook's capture
+        chain = proposer.propose([[tokens[-1]]], [n], np.array([tokens]))[0]
+        got = proposer.drafter.requests[0].tree
+        assert (got.tokens.tolist(), got.parents.tolist()) == want
+        assert chain == main_branch(tree, 3) and len(chain) == 3
+        steps += 1
+        extended += tree.size > 1 + heads.cfg.num_heads  # n-grams or more head paths branched off
+    assert steps > 5 and extended == steps and proposer.stats["from_heads"] == steps

@@ -1,6 +1,6 @@
 """TokenSwift in SGLang: ``TOKENSWIFT`` registered through SGLang's speculative registry by
 ``integrations.sglang.tokenswift.register()`` in a fresh process, and the per-request tree drafter's
-output in SGLang's NGRAM verify format."""
+output in SGLang's NGRAM verify format (the drafting itself is dllm_core's, see test_tokenswift.py)."""
 import json
 import subprocess
 import sys
@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dllm_core.drafters.tokenswift import HeadsConfig, TokenSwiftHeads
-from integrations.sglang.tokenswift import TreeDrafter, pack_tree
+from integrations.sglang.tokenswift import TreeDrafter
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -68,11 +68,15 @@ def test_tree_drafter_ngram_trees_in_ngram_verify_format():
     assert (mask.sum(1) - 1)[:4].tolist() == [0, 1, 2, 2]  # depths
 
 
-def test_pack_tree_rejects_oversized_trees():
-    from dllm_core.drafters.tokenswift import build_tree
+def test_tree_drafter_maps_its_arguments_onto_the_core_options():
+    from dllm_core.drafters.tokenswift.config import DraftOptions
 
-    with pytest.raises(ValueError, match="does not fit 3 draft tokens"):
-        pack_tree(build_tree(0, [[1, 2, 3]]), 3)
+    assert TreeDrafter(draft_token_num=8).opts == DraftOptions(max_nodes=7)  # the core's defaults otherwise
+    assert TreeDrafter(draft_token_num=4, head_topk=2).opts == DraftOptions(head_topk=2, max_nodes=3)
+    with pytest.raises(ValueError, match="--head-paths must be >= 1"):
+        TreeDrafter(draft_token_num=4, head_paths=0)
+    with pytest.raises(ValueError, match="--speculative-num-draft-tokens must be >= 2"):
+        TreeDrafter(draft_token_num=1)
 
 
 def test_tree_drafter_feeds_heads_the_last_accepted_node():
@@ -92,12 +96,15 @@ def test_tree_drafter_feeds_heads_the_last_accepted_node():
     d.set_hidden("r", torch.full((1, hidden), 7.0))  # prefill: last row
     tokens, _ = d.draft("r", prompt)
     assert torch.equal(seen[-1][0], heads(torch.full((1, hidden), 7.0))[0, 1])  # h1 from the prefill row
-    tree = d.reqs["r"].tree
+    req = d.requests["r"]
+    tree = req.tree
     rows = torch.arange(6, dtype=torch.float32)[:, None].expand(6, hidden)  # verify row i = node i
     d.set_hidden("r", rows.clone())
     child = int(tree.tokens[1])  # accept node 1, then the target's own token 9
-    assert torch.equal(d.h0("r", prompt + [child, 9]), rows[1])
-    assert torch.equal(d.h0("r", prompt + [9]), rows[0])  # nothing accepted: the root's row
-    assert d.h0("r", prompt + [99, 9]) is None  # not a path of the tree
+    assert torch.equal(req.h0(prompt + [child, 9]), rows[1])
+    assert torch.equal(req.h0(prompt + [9]), rows[0])  # nothing accepted: the root's row
+    assert req.h0(prompt + [99, 9]) is None  # not a path of the tree
+    d.draft("r", prompt + [child, 9])
+    assert torch.equal(seen[-1][0], heads(rows[1][None])[0, 1])  # the next draft's heads ran on that row
     d.erase(["r"])
-    assert "r" not in d.reqs
+    assert "r" not in d.requests

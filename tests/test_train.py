@@ -103,3 +103,32 @@ def test_prompt_noise_rows(llada, frac):
 def test_prompt_noise_is_validated(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--prompt-noise", "1.5"]) == 2
     assert "--prompt-noise must be in [0, 1], got 1.5" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("kw,msg", [
+    (dict(steps=0), "--steps must be >= 1, got 0"),
+    (dict(lr=0.0), "--lr must be > 0, got 0.0"),
+    (dict(warmup=-1), "--warmup must be >= 0, got -1"),
+    (dict(min_lr_ratio=1.5), "--min-lr-ratio must be in [0, 1], got 1.5"),
+    (dict(device="tpu"), "--device must be one of ['cpu', 'cuda']"),
+])
+def test_trainer_configs_share_one_validation(kw, msg):
+    """Every trainer's config is a ``TrainBase``: the shared fields are checked once, errors name the option;
+    the fields a resumed run must match exclude the runtime ones."""
+    from dllm_core.drafters.tokenswift.train import TokenSwiftTrainConfig
+    from dllm_core.train.config import TrainBase, TrainConfig
+    from dllm_core.train.dflash import DFlashTrainConfig
+    from dllm_core.train.loop import fingerprint
+
+    for make in (lambda **k: TrainConfig(out="o", **k), lambda **k: DFlashTrainConfig(target="t", out="o", **k),
+                 lambda **k: TokenSwiftTrainConfig(target="t", out="o", **k)):
+        assert isinstance(make(), TrainBase) and {"lr", "steps", "seed"} <= set(fingerprint(make()))
+        assert not set(TrainBase.RUNTIME) & set(fingerprint(make()))
+        with pytest.raises(ValueError) as e:
+            make(**kw)
+        assert msg in str(e.value)
+
+
+def test_model_size_errors_name_the_cli_option(tmp_path, capsys):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--layers", "0"]) == 2
+    assert "--layers must be >= 1, got 0" in capsys.readouterr().err

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from .sampling import SamplingParams, add_sampling_args
 from .speculative import SpecConfig, ar_generate, speculative_generate
 
 
@@ -46,9 +47,7 @@ def add_parser(sub) -> None:
     p.add_argument("--n", type=int, default=50, help="prompts per task")
     p.add_argument("--block-size", type=int, default=None, help="verified tokens per step (default: drafter's)")
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_args(p)
     p.add_argument("--sample-draft", action="store_true", help="sample drafts from q (default: greedy drafter)")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     p.add_argument("--seed", type=int, default=0)
@@ -60,18 +59,17 @@ def add_parser(sub) -> None:
 def cmd_bench(a) -> int:
     from ..tasks import parse_tasks
     from ..tokenizer import encode_prompt, load_tokenizer
-    from ..train.dflash import set_threads, stop_ids
+    from ..train.common import set_threads
+    from ..train.dflash import stop_ids
     from .dflash import load_drafter
     from .target import load_target
-    from .verify import SamplingParams
 
     set_threads(a.threads)
-    sampling = SamplingParams(a.temperature, a.top_k, a.top_p)
     tasks = parse_tasks(a.tasks)
     target = load_target(a.target, a.device)
     tok = load_tokenizer(a.target)
     drafter = load_drafter(a.drafter, a.device).bind(target)
-    cfg = SpecConfig(a.max_new_tokens, a.block_size, sampling, not a.sample_draft,
+    cfg = SpecConfig(a.max_new_tokens, a.block_size, SamplingParams.from_args(a), not a.sample_draft,
                      tuple(stop_ids(tok, target.config)), a.seed)
     rows = {}
     for t in tasks:

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .dflash import DFlashDrafter
-from .verify import SamplingParams, accept_chain, probs_from_logits, sample_probs
+from .sampling import Emitter, SamplingParams, probs_from_logits, sample_probs, target_choice
+from .verify import accept_chain
 
 
 @dataclass(frozen=True)
@@ -63,22 +64,6 @@ def crop_cache(cache, length: int) -> None:
     cache.crop(length - cache.get_seq_length())
 
 
-def _pick(logits: torch.Tensor, params: SamplingParams, g: torch.Generator) -> torch.Tensor:
-    """Token per row of logits [B, V] -> [B]."""
-    return logits.argmax(-1) if params.greedy else sample_probs(probs_from_logits(logits, params), g)
-
-
-def _emit(tokens: list[int], new: list[int], cfg: SpecConfig) -> tuple[int, bool]:
-    """Append ``new`` up to max_new_tokens / the first stop token; return (count appended, finished)."""
-    new = new[: cfg.max_new_tokens - len(tokens)]
-    for i, t in enumerate(new):
-        if t in cfg.stop_token_ids:
-            new = new[: i + 1]
-            break
-    tokens.extend(new)
-    return len(new), len(tokens) >= cfg.max_new_tokens or (bool(new) and new[-1] in cfg.stop_token_ids)
-
-
 def _prefill(target, prompt: list[int], cache, hidden: bool):
     ids = torch.tensor([prompt], device=target.device)
     return target(ids, past_key_values=cache, use_cache=True, output_hidden_states=hidden, logits_to_keep=1)
@@ -92,14 +77,14 @@ def ar_generate(target, prompt: list[int], cfg: SpecConfig) -> DecodeResult:
     g = torch.Generator(target.device).manual_seed(cfg.seed)
     t0 = _now(target.device)
     cache = DynamicCache()
-    last = _pick(_prefill(target, prompt, cache, False).logits[:, -1], cfg.sampling, g)  # [1]
-    tokens: list[int] = []
-    _, done = _emit(tokens, [int(last)], cfg)
-    while not done:
-        logits = target(last[:, None], past_key_values=cache, use_cache=True).logits[:, -1]
-        last = _pick(logits, cfg.sampling, g)
-        _, done = _emit(tokens, [int(last)], cfg)
-    return DecodeResult(tokens, [1] * (len(tokens) - 1), _now(target.device) - t0)
+    last = target_choice(_prefill(target, prompt, cache, False).logits[:, -1], cfg.sampling, g)  # [1]
+    emit = Emitter(cfg.max_new_tokens, cfg.stop_token_ids)
+    emit([int(last)])
+    while not emit.done:
+        logits = target(last[:, None], past_key_values=cache, use_cache=True).logits[:, -1]  # [1, V]
+        last = target_choice(logits, cfg.sampling, g)
+        emit([int(last)])
+    return DecodeResult(emit.tokens, [1] * (len(emit.tokens) - 1), _now(target.device) - t0)
 
 
 @torch.inference_mode()
@@ -114,13 +99,13 @@ def speculative_generate(target, drafter: DFlashDrafter, prompt: list[int], cfg:
     tcache, dcache = DynamicCache(), DynamicCache()
     out = _prefill(target, prompt, tcache, True)
     feats = drafter.features(out.hidden_states)  # [1, T, k*H]: context the drafter has not seen yet
-    last = _pick(out.logits[:, -1], cfg.sampling, g)  # [1]
+    last = target_choice(out.logits[:, -1], cfg.sampling, g)  # [1]
     pos = len(prompt)  # position of `last`
-    tokens: list[int] = []
+    emit = Emitter(cfg.max_new_tokens, cfg.stop_token_ids)
+    emit([int(last)])
     lengths: list[int] = []
-    _, done = _emit(tokens, [int(last)], cfg)
-    while not done:
-        q = min(bs, cfg.max_new_tokens - len(tokens))  # verify q tokens -> at most q new ones
+    while not emit.done:
+        q = min(bs, cfg.max_new_tokens - len(emit.tokens))  # verify q tokens -> at most q new ones
         block = torch.full((1, q), drafter.cfg.mask_token_id, device=dev)
         block[:, 0] = last
         dprobs = None
@@ -137,11 +122,10 @@ def speculative_generate(target, drafter: DFlashDrafter, prompt: list[int], cfg:
         out = target(block, past_key_values=tcache, use_cache=True, output_hidden_states=q > 1)
         acc = accept_chain(block[:, 1:], out.logits, cfg.sampling, dprobs, g)
         n = int(acc.num_accepted)
-        emitted, done = _emit(tokens, block[0, 1:n + 1].tolist() + [int(acc.next_token)], cfg)
-        lengths.append(emitted)
+        lengths.append(len(emit(block[0, 1:n + 1].tolist() + [int(acc.next_token)])))
         crop_cache(tcache, pos + n + 1)
         if q > 1:  # (q == 1 only on the last step or with block size 1, where the drafter is unused)
             feats = drafter.features(out.hidden_states)[:, :n + 1]
         pos += n + 1
         last = acc.next_token
-    return DecodeResult(tokens, lengths, _now(dev) - t0)
+    return DecodeResult(emit.tokens, lengths, _now(dev) - t0)

@@ -1,10 +1,12 @@
-"""The frozen causal target: loading (local transformers checkpoint) and greedy response regeneration."""
+"""The frozen causal target: loading (local transformers checkpoint) and greedy regeneration of its outputs."""
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
 
 import torch
+
+from .sampling import clip_at_stop
 
 
 def load_target(target_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
@@ -19,26 +21,29 @@ def load_target(target_dir: str | Path, device: str | torch.device = "cpu", dtyp
 
 
 @torch.inference_mode()
-def regenerate(target, prompts: list[list[int]], max_new_tokens: int, eos_ids: list[int], batch_size: int = 16,
-               progress=None) -> list[list[int]]:
-    """The target's own greedy responses (up to and including the first EOS) for every prompt.
+def regenerate(target, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int], batch_size: int = 16,
+               progress=None, free_run: bool = False) -> list[list[int]]:
+    """The target's own greedy continuation of every prompt: up to and including the first stop token, or
+    (``free_run``, as in a long generation) exactly ``max_new_tokens`` tokens with the stop tokens banned.
 
     Prompts are batched by exact length, so no padding can perturb the greedy path."""
+    stops = sorted(set(stop_ids))
+    if free_run:
+        kw = dict(min_new_tokens=max_new_tokens, suppress_tokens=stops or None, eos_token_id=None, pad_token_id=0)
+    else:
+        kw = dict(eos_token_id=stops or None, pad_token_id=(stop_ids or [0])[0])
     by_len: dict[int, list[int]] = defaultdict(list)
     for i, p in enumerate(prompts):
         by_len[len(p)].append(i)
     out: list[list[int] | None] = [None] * len(prompts)
-    eos = set(eos_ids)
     for length, idx in sorted(by_len.items()):
         for s in range(0, len(idx), batch_size):
             rows = idx[s:s + batch_size]
             ids = torch.tensor([prompts[i] for i in rows], device=target.device)
             gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens,
-                                  do_sample=False, eos_token_id=list(eos) or None,
-                                  pad_token_id=(eos_ids or [0])[0])[:, length:]
+                                  do_sample=False, **kw)[:, length:]
             for i, row in zip(rows, gen.tolist()):
-                cut = next((j + 1 for j, t in enumerate(row) if t in eos), len(row))
-                out[i] = row[:cut]
+                out[i] = row if free_run else clip_at_stop(row, max_new_tokens, stops)
             if progress is not None:
                 progress.update(len(rows))
     return out

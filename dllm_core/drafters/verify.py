@@ -20,55 +20,13 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How the target's logits become the distribution p that verification preserves."""
-
-    temperature: float = 0.0  # 0 = greedy
-    top_k: int = 0            # 0 = off
-    top_p: float = 1.0        # 1 = off
-
-    def __post_init__(self):
-        if self.temperature < 0:
-            raise ValueError(f"--temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"--top-k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"--top-p must be in (0, 1], got {self.top_p}")
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
+from .sampling import SamplingParams, probs_from_logits, sample_probs
 
 
 @dataclass(frozen=True)
 class Acceptance:
     num_accepted: torch.Tensor  # [B] int64: drafts accepted (0..K)
     next_token: torch.Tensor    # [B] int64: token the target emits after the accepted drafts
-
-
-def probs_from_logits(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
-    """[..., V] logits -> float32 probabilities after temperature, top-k and top-p (requires temperature > 0)."""
-    if params.greedy:
-        raise ValueError("probs_from_logits: temperature 0 is greedy; use argmax / accept_greedy")
-    scores = logits.float() / params.temperature
-    if 0 < params.top_k < scores.shape[-1]:
-        kth = scores.topk(params.top_k, -1).values[..., -1:]  # [..., 1]
-        scores = scores.masked_fill(scores < kth, float("-inf"))
-    probs = scores.softmax(-1)
-    if params.top_p < 1:
-        sorted_p, order = probs.sort(-1, descending=True)
-        drop = sorted_p.cumsum(-1) - sorted_p >= params.top_p  # keep the smallest prefix reaching top_p
-        probs = probs.scatter(-1, order, sorted_p.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
-
-
-def sample_probs(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
-    """One categorical draw per row of probs [..., V] -> [...] (exponential race; no host sync)."""
-    race = torch.empty_like(probs).exponential_(generator=generator)
-    return (probs / race).argmax(-1)
 
 
 def accept_match(draft: torch.Tensor, choice: torch.Tensor) -> Acceptance:

@@ -1,8 +1,10 @@
-"""CLI options and setup shared by ``dllm train-mdm`` and ``dllm train-ar``."""
+"""CLI options and setup shared by the trainers: ``dllm train-mdm`` / ``train-ar`` (``add_train_args``), the
+drafter trainers (``add_config_args``: one flag per config field) and all of them (``set_threads``)."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import replace
+import typing
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -46,11 +48,33 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
                    help="seconds: stop early once exceeded, saving the model and a resumable checkpoint (0: none)")
 
 
+def add_config_args(p: argparse.ArgumentParser, defaults, skip: tuple[str, ...] = (),
+                    help: dict[str, str] | None = None) -> None:
+    """One ``--field-name`` option per field of the dataclass config ``defaults`` (its values are the defaults)
+    except ``skip``; a bool field becomes a switch flipping its default (``--x`` / ``--no-x``)."""
+    hints = typing.get_type_hints(type(defaults))
+    for name, val in asdict(defaults).items():
+        if name in skip:
+            continue
+        flag, h = "--" + name.replace("_", "-"), (help or {}).get(name)
+        if isinstance(val, bool):
+            p.add_argument("--no-" + flag[2:] if val else flag, action="store_false" if val else "store_true",
+                           dest=name, help=h)
+        else:  # `int | None` -> int
+            kind = next((t for t in typing.get_args(hints[name]) if t is not type(None)), hints[name])
+            p.add_argument(flag, type=kind, default=val, help=h)
+
+
+def set_threads(n: int | None) -> None:
+    """``--threads``: torch's CPU threads (None: torch's choice)."""
+    if n is not None:
+        if n < 1:
+            raise ValueError(f"--threads must be >= 1, got {n}")
+        torch.set_num_threads(n)
+
+
 def train_config(a: argparse.Namespace) -> TrainConfig:
-    if a.threads is not None:
-        if a.threads < 1:
-            raise ValueError(f"--threads must be >= 1, got {a.threads}")
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     return TrainConfig(out=a.out, tasks=a.tasks, batch=a.batch, steps=a.steps, lr=a.lr, warmup=a.warmup,
                        weight_decay=a.weight_decay, seed=a.seed, device=a.device, dim=a.dim, n_layers=a.layers,
                        n_heads=a.heads, n_kv_heads=a.kv_heads, ffn=a.ffn, max_len=a.max_len,

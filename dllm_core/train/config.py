@@ -1,4 +1,6 @@
-"""TrainConfig: every knob of one training run, validated once in ``__post_init__``."""
+"""Training run configs, validated once in ``__post_init__``: ``TrainBase`` holds what every trainer shares
+(optimisation, seed, device, checkpoint cadence; ``train/loop.py`` reads these), ``TrainConfig`` is the task
+models' (``dllm train-mdm`` / ``train-ar``); the drafter trainers extend ``TrainBase`` beside their code."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,16 +12,15 @@ DEVICES = ("cpu", "cuda")
 T_SAMPLING = ("iid", "stratified")
 
 
-@dataclass(frozen=True)
-class TrainConfig:
-    """Model sizes, optimisation and the task mixture. ``tasks`` is a ``;``-separated list of task
-    specs and ``batch`` the number of examples of each task in every optimizer step (one int per task)."""
+@dataclass(frozen=True, kw_only=True)
+class TrainBase:
+    """The fields ``train/loop.py`` runs on. Subclasses redeclare a field to change its default; errors name
+    the CLI option of the field."""
 
-    RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "eval_n", "device", "out",
+    RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "device", "out",
                                           "time_limit")  # not part of a resumable run's identity
+    FLAGS: ClassVar[dict[str, str]] = {}  # CLI options not spelled --field-name
     out: str
-    tasks: str = "arithmetic;sort;retrieval:min_pairs=4"
-    batch: str = "32,16,2"
     steps: int = 2000
     lr: float = 2e-3
     min_lr_ratio: float = 0.1
@@ -28,6 +29,40 @@ class TrainConfig:
     clip: float = 1.0
     seed: int = 0
     device: str = "cpu"
+    save_every: int = 200
+    eval_every: int = 0
+    resume: bool = False
+    time_limit: float = 0.0  # seconds; stop early (saving everything, --resume continues) once exceeded, 0 = none
+
+    def __post_init__(self):
+        self.check_at_least(1, "steps", "save_every")
+        self.check_at_least(0, "warmup", "eval_every", "time_limit", "weight_decay")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
+        if not self.clip > 0:
+            raise ValueError(f"--clip must be > 0, got {self.clip}")
+        if self.device.split(":")[0] not in DEVICES:
+            raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
+
+    def check_at_least(self, low: int, *names: str) -> None:
+        """Each named field must be >= ``low`` (the error names its CLI option)."""
+        for n in names:
+            if getattr(self, n) < low:
+                flag = self.FLAGS.get(n, "--" + n.replace("_", "-"))
+                raise ValueError(f"{flag} must be >= {low}, got {getattr(self, n)}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainConfig(TrainBase):
+    """Model sizes, optimisation and the task mixture. ``tasks`` is a ``;``-separated list of task
+    specs and ``batch`` the number of examples of each task in every optimizer step (one int per task)."""
+
+    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("eval_n",)
+    FLAGS: ClassVar[dict[str, str]] = {"n_layers": "--layers", "n_heads": "--heads"}
+    tasks: str = "arithmetic;sort;retrieval:min_pairs=4"
+    batch: str = "32,16,2"
     dim: int = 192
     n_layers: int = 6
     n_heads: int = 6
@@ -35,12 +70,8 @@ class TrainConfig:
     ffn: int = 512
     max_len: int = 4096
     vocab_size: int = 512
-    save_every: int = 200
-    eval_every: int = 0
     eval_n: int = 32
     save_dtype: str = "bfloat16"
-    resume: bool = False
-    time_limit: float = 0.0  # seconds; stop early (saving everything) once exceeded, 0 = none
     init: str | None = None  # start from this checkpoint's weights (same sizes) instead of a random init
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
     prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
@@ -50,21 +81,14 @@ class TrainConfig:
         sizes = self.batch_sizes
         if len(sizes) != len(tasks) or any(b < 1 for b in sizes):
             raise ValueError(f"--batch needs one positive int per task ({len(tasks)}), got {self.batch!r}")
-        for n in ("steps", "dim", "n_layers", "n_heads", "ffn", "max_len", "save_every", "vocab_size"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
-        for n in ("warmup", "eval_every", "eval_n", "time_limit"):
-            if getattr(self, n) < 0:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 0, got {getattr(self, n)}")
+        super().__post_init__()
+        self.check_at_least(1, "dim", "n_layers", "n_heads", "ffn", "max_len", "vocab_size")
+        self.check_at_least(0, "eval_n")
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ValueError(f"--dim {self.dim} must be divisible by --heads {self.n_heads} into an even head "
                              f"size (RoPE)")
         if self.n_kv_heads is not None and (self.n_kv_heads < 1 or self.n_heads % self.n_kv_heads):
             raise ValueError(f"--kv-heads must divide --heads {self.n_heads}, got {self.n_kv_heads}")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--lr must be > 0 and min_lr_ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
-        if self.device.split(":")[0] not in DEVICES:
-            raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
         if self.t_sampling not in T_SAMPLING:
             raise ValueError(f"--t-sampling must be one of {list(T_SAMPLING)}, got {self.t_sampling!r}")
         if not 0 <= self.prompt_noise <= 1:

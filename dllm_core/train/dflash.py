@@ -14,25 +14,25 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from .common import add_config_args, set_threads
+from .config import TrainBase
+
 INITS = ("random", "target")
 
 
-@dataclass(frozen=True)
-class DFlashTrainConfig:
-    """Every knob of one drafter training run (field names follow ``train/loop.py``'s contract)."""
+@dataclass(frozen=True, kw_only=True)
+class DFlashTrainConfig(TrainBase):
+    """Every knob of one drafter training run (optimisation, seed, device, checkpoints: ``TrainBase``)."""
 
-    RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "device", "out", "regen_batch",
-                                          "keep_data", "time_limit")  # not part of a resumable run's identity
-
+    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("regen_batch", "keep_data")
     target: str
-    out: str
     tasks: str = "arithmetic;sort;retrieval:min_pairs=4"  # prompt source (train split) unless prompts_file
     prompts_file: str | None = None   # JSONL ({"prompt": ...} per line) or plain text, one prompt a line
     num_prompts: int = 2000
@@ -45,40 +45,22 @@ class DFlashTrainConfig:
     init: str = "random"              # random | target (copy evenly spaced target layers)
     blocks_per_seq: int = 16
     batch_size: int = 16
-    steps: int = 2000
     lr: float = 6e-4
-    min_lr_ratio: float = 0.1
-    warmup: int = 100
     weight_decay: float = 0.01
-    clip: float = 1.0
     gamma: float = 7.0
-    seed: int = 0
-    device: str = "cpu"
-    save_every: int = 200
-    eval_every: int = 0
     regen_batch: int = 32
     keep_data: bool = False
-    time_limit: float = 0.0           # seconds; stop early (state saved, continue with --resume), 0 = none
-    resume: bool = False
 
     def __post_init__(self):
-        for n in ("num_prompts", "max_new_tokens", "layers", "blocks_per_seq", "batch_size", "steps",
-                  "save_every", "regen_batch"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
-        for n in ("warmup", "eval_every", "time_limit"):
-            if getattr(self, n) < 0:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 0, got {getattr(self, n)}")
+        super().__post_init__()
+        self.check_at_least(1, "num_prompts", "max_new_tokens", "layers", "blocks_per_seq", "batch_size",
+                            "regen_batch")
         if self.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--lr must be > 0 and --min-lr-ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
         if not self.gamma > 0:
             raise ValueError(f"--gamma must be > 0, got {self.gamma}")
         if self.init not in INITS:
             raise ValueError(f"--init must be one of {list(INITS)}, got {self.init!r}")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be one of ['cpu', 'cuda'], got {self.device!r}")
         self.layer_ids()
 
     def layer_ids(self) -> tuple[int, ...] | None:
@@ -276,31 +258,11 @@ def add_parser(sub) -> None:
     p.add_argument("--target", required=True, help="local transformers causal LM directory (with tokenizer)")
     p.add_argument("--out", required=True, help="output drafter directory (config.json + model.safetensors)")
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (1 is fastest on a busy machine)")
-    defaults = DFlashTrainConfig(target="", out="")
-    for name, val in asdict(defaults).items():
-        if name in ("target", "out"):
-            continue
-        flag, h = "--" + name.replace("_", "-"), HELP.get(name)
-        if isinstance(val, bool):
-            p.add_argument(flag if not val else "--no-" + name.replace("_", "-"),
-                           action="store_true" if not val else "store_false", dest=name, help=h)
-        elif name == "mask_token_id":
-            p.add_argument(flag, type=int, default=None, help=h)
-        else:
-            p.add_argument(flag, type=type(val) if val is not None else str, default=val, help=h)
+    add_config_args(p, DFlashTrainConfig(target="", out=""), skip=("target", "out"), help=HELP)
     p.set_defaults(func=cmd_train)
 
 
-def set_threads(n: int | None) -> None:
-    if n is not None:
-        if n < 1:
-            raise ValueError(f"--threads must be >= 1, got {n}")
-        torch.set_num_threads(n)
-
-
 def cmd_train(a) -> int:
-    from dataclasses import fields
-
     set_threads(a.threads)
     cfg = DFlashTrainConfig(**{f.name: getattr(a, f.name) for f in fields(DFlashTrainConfig)})
     print(json.dumps(run(cfg)))

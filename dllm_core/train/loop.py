@@ -14,12 +14,12 @@ from typing import Callable
 import torch
 from tqdm import tqdm
 
-from .config import TrainConfig
+from .config import TrainBase
 
 STATE = "train_state.pt"
 
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
+def lr_at(cfg: TrainBase, step: int) -> float:
     """Linear warmup to ``lr``, then cosine decay to ``lr * min_lr_ratio`` at ``steps``."""
     if step < cfg.warmup:
         return cfg.lr * (step + 1) / cfg.warmup
@@ -27,7 +27,7 @@ def lr_at(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+def make_optimizer(model: torch.nn.Module, cfg: TrainBase) -> torch.optim.Optimizer:
     """AdamW; weight decay on matrices only (not norms / biases)."""
     decay = [p for p in model.parameters() if p.requires_grad and p.dim() >= 2]
     rest = [p for p in model.parameters() if p.requires_grad and p.dim() < 2]
@@ -35,17 +35,17 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.Opti
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
-def fingerprint(cfg) -> dict:
+def fingerprint(cfg: TrainBase) -> dict:
     """The settings a resumed run must share with its checkpoint: every field of the (dataclass) config
     except those its ``RUNTIME`` names (output dir, device, checkpoint/eval cadence, ...)."""
     return {k: v for k, v in asdict(cfg).items() if k not in cfg.RUNTIME}
 
 
-def state_path(cfg: TrainConfig) -> Path:
+def state_path(cfg: TrainBase) -> Path:
     return Path(cfg.out) / STATE
 
 
-def save_state(path: Path, model, opt, step: int, cfg: TrainConfig) -> None:
+def save_state(path: Path, model, opt, step: int, cfg: TrainBase) -> None:
     """Atomic write of everything a resumed run needs."""
     tmp = path.with_suffix(".tmp")
     torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": step, "config": fingerprint(cfg)},
@@ -53,7 +53,7 @@ def save_state(path: Path, model, opt, step: int, cfg: TrainConfig) -> None:
     os.replace(tmp, path)
 
 
-def load_state(path: Path, model, opt, cfg: TrainConfig) -> int:
+def load_state(path: Path, model, opt, cfg: TrainBase) -> int:
     """Restore model + optimizer from ``path``; returns the step to continue from."""
     st = torch.load(path, map_location=cfg.device, weights_only=True)
     want = fingerprint(cfg)
@@ -65,7 +65,7 @@ def load_state(path: Path, model, opt, cfg: TrainConfig) -> int:
     return int(st["step"])
 
 
-def train(cfg: TrainConfig, model: torch.nn.Module, loss_fn: Callable[[int], tuple[torch.Tensor, int]],
+def train(cfg: TrainBase, model: torch.nn.Module, loss_fn: Callable[[int], tuple[torch.Tensor, int]],
           eval_fn: Callable[[], dict] | None = None, desc: str = "train") -> dict:
     """Run steps [start, cfg.steps): ``loss_fn(step) -> (loss, tokens)``. Returns a summary dict
     (also appended to ``<out>/train_log.jsonl`` with every evaluation)."""

@@ -9,119 +9,43 @@ creates it - drafts TokenSwift trees:
     --speculative-algorithm TOKENSWIFT --speculative-num-draft-tokens 16
     --speculative-draft-model-path HEADS_DIR   (optional: dllm train-tokenswift output; without it n-grams only)
 
-Per request, ``TreeDrafter`` keeps dllm_core's ``NGramTable`` of the request's tokens and builds the trie of
-the heads' best paths and the top-k n-grams keyed on the newest token (``dllm_core.drafters.tokenswift``'s
-``candidate_paths`` / ``build_tree``), packed in NGRAM's verify format: ``draft_token_num`` tokens with the
-root (newest token) first and a [D, D] ancestor mask. The heads' h0 is the target's final hidden state at the
-last accepted node of the previous verification (or the last prefill row), captured by a forward hook on the
-target model; SGLang's own verifier then accepts the longest path matching the target.
+Drafting is dllm_core's ``TokenSwiftDrafter`` (per request: n-gram table, trie of the heads' best paths and the
+top-k n-grams keyed on the newest token, h0 bookkeeping), ``TreeDrafter`` only caps its trees at
+``draft_token_num`` nodes and packs them in NGRAM's verify format: the root (newest token) first and a [D, D]
+ancestor mask. The heads' h0 is the target's final hidden state at the last accepted node of the previous
+verification (or the last prefill row): a forward hook on the target hands the drafter each request's rows;
+SGLang's own verifier then accepts the longest path matching the target.
 
 On this CPU-only machine SGLang's runtime does not start (CUDA kernels), so the registration and the tree
 packing are what the tests exercise; the worker glue is written against SGLang 0.5.23's NGRAMWorker.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 import torch
 
-from dllm_core.drafters.tokenswift.draft import candidate_paths
-from dllm_core.drafters.tokenswift.ngram import NGramTable
-from dllm_core.drafters.tokenswift.tree import Tree, build_tree
+from dllm_core.drafters.tokenswift.config import DraftOptions
+from dllm_core.drafters.tokenswift.drafter import TokenSwiftDrafter
+from dllm_core.drafters.tokenswift.tree import padded
 
 NAME = "TOKENSWIFT"
 
 
 # --- drafting (pure, CPU-testable) -------------------------------------------------------------------------------
-@dataclass
-class _Request:
-    table: NGramTable
-    seen: int = 0
-    tree: Tree | None = None
-    tree_len: int = 0                  # token count when the tree was drafted (its root is token tree_len-1)
-    hidden: torch.Tensor | None = None  # [D, H] verify rows of the last tree, or [1, H] the last prefill row
-    extras: dict = field(default_factory=dict)
+class TreeDrafter(TokenSwiftDrafter):
+    """dllm_core's drafter with trees of at most ``draft_token_num`` nodes in SGLang's NGRAM verify format;
+    ``options``: fields of dllm_core's ``DraftOptions`` (its defaults otherwise)."""
 
-
-class TreeDrafter:
-    """Per-request TokenSwift trees in SGLang's NGRAM verify format."""
-
-    def __init__(self, draft_token_num: int, ngram_n: int = 4, ngram_topk: int = 8, heads=None, lm_head=None,
-                 head_topk: int = 2, head_paths: int = 4):
+    def __init__(self, draft_token_num: int, heads=None, lm_head=None, **options):
         if draft_token_num < 2:
             raise ValueError(f"--speculative-num-draft-tokens must be >= 2 for TOKENSWIFT, got {draft_token_num}")
-        self.d, self.n, self.topk = draft_token_num, ngram_n, ngram_topk
-        self.heads, self.lm_head = heads, lm_head
-        self.head_topk, self.head_paths = head_topk, head_paths
-        self.reqs: dict[str, _Request] = {}
+        super().__init__(DraftOptions(max_nodes=draft_token_num - 1, **options), heads, lm_head)
+        self.d = draft_token_num
 
-    def _state(self, rid: str, tokens: list[int]) -> _Request:
-        st = self.reqs.get(rid)
-        if st is None or len(tokens) < st.seen:
-            st = self.reqs[rid] = _Request(NGramTable(self.n))
-        if len(tokens) > st.seen:
-            st.table.update(tokens[st.seen:])
-            st.seen = len(tokens)
-        return st
-
-    def set_hidden(self, rid: str, rows: torch.Tensor) -> None:
-        """Rows of the newest target forward for ``rid``: [D, H] (verify) or [1, H] (last prefill row)."""
-        st = self.reqs.setdefault(rid, _Request(NGramTable(self.n)))
-        st.hidden = rows
-
-    def h0(self, rid: str, tokens: list[int]) -> torch.Tensor | None:
-        """The hidden state that produced the newest token: the accepted path's last node of the last tree
-        (found by walking it with the tokens emitted since), or the last prefill row."""
-        st = self.reqs.get(rid)
-        if st is None or st.hidden is None:
-            return None
-        if st.hidden.shape[0] == 1 or st.tree is None:
-            return st.hidden[-1]
-        node, children = 0, {}
-        for i in range(1, st.tree.size):
-            children[(int(st.tree.parents[i]), int(st.tree.tokens[i]))] = i
-        for t in tokens[st.tree_len:-1]:  # accepted drafts; the newest token is the target's own after them
-            nxt = children.get((node, int(t)))
-            if nxt is None:
-                return None
-            node = nxt
-        return st.hidden[node] if node < st.hidden.shape[0] else None
-
-    @torch.inference_mode()
     def draft(self, rid: str, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
         """-> (tokens [D] int64: root first, mask [D, D] bool: mask[i, j] = j is i or an ancestor of i)."""
-        st = self._state(rid, tokens)
-        root = int(tokens[-1])
-        h0 = self.h0(rid, tokens) if self.heads is not None else None
-        if h0 is not None:
-            levels = self.lm_head(self.heads(h0[None].to(next(self.heads.parameters()).dtype))[0, 1:])
-            paths = candidate_paths(levels.float(), st.table, root, False, self.head_topk, self.head_paths,
-                                    self.topk)
-        else:
-            paths = [list(rest) for rest in st.table.top(root, self.topk)]
-        tree = build_tree(root, paths, self.d - 1)
-        st.tree, st.tree_len, st.hidden = tree, len(tokens), None
-        return pack_tree(tree, self.d)
-
-    def erase(self, rids) -> None:
-        for rid in rids:
-            self.reqs.pop(rid, None)
-
-
-def pack_tree(tree: Tree, d: int) -> tuple[np.ndarray, np.ndarray]:
-    """A trie of <= d nodes as NGRAM's fixed-width verify input; missing nodes become extra children of the
-    root repeating the root token (verified like any candidate, so they can only be accepted if correct)."""
-    n = tree.size
-    if n > d:
-        raise ValueError(f"tree of {n} nodes does not fit {d} draft tokens")
-    tokens = np.full(d, int(tree.tokens[0]), dtype=np.int64)
-    tokens[:n] = tree.tokens.cpu().numpy()
-    mask = np.zeros((d, d), dtype=bool)
-    mask[:n, :n] = tree.ancestors.cpu().numpy()
-    mask[n:, 0] = True
-    mask[np.arange(n, d), np.arange(n, d)] = True
-    return tokens, mask
+        ids, mask = padded(self.tree(rid, tokens), self.d)
+        return ids.numpy(), mask.numpy()
 
 
 # --- SGLang glue ------------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
+from ..sampling import SamplingParams, add_sampling_args
 from .config import DRAFTS, TokenSwiftConfig
 from .generate import (LongResult, autoregressive_generate, iter_autoregressive, iter_tokenswift,
                        tokenswift_generate)
@@ -157,9 +158,7 @@ def add_parser(sub) -> None:
     for name in ("head_topk", "head_paths", "ngram_n", "ngram_topk", "max_nodes", "budget", "sinks"):
         p.add_argument("--" + name.replace("_", "-"), type=int, default=getattr(d, name))
     p.add_argument("--rebuild-every", type=int, default=None)
-    p.add_argument("--temperature", type=float, default=0.0)
-    p.add_argument("--top-k", type=int, default=0)
-    p.add_argument("--top-p", type=float, default=1.0)
+    add_sampling_args(p)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--repeats", type=int, default=1, help="alternate AR/TokenSwift runs; report medians")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: steadiest on a shared CPU)")
@@ -194,7 +193,6 @@ def cmd_bench_long(a) -> int:
     from ...tokenizer import encode_prompt, load_tokenizer
     from ...train.dflash import stop_ids
     from ..target import load_target
-    from ..verify import SamplingParams
     from .heads import load_heads
 
     lengths = _ints(a.lengths, "--lengths")
@@ -205,7 +203,6 @@ def cmd_bench_long(a) -> int:
     penalties = tuple(_floats(a.penalties, "--penalties"))
     if a.threads:
         torch.set_num_threads(a.threads)
-    sampling = SamplingParams(a.temperature, a.top_k, a.top_p)
     target = load_target(a.target, a.device)
     tok = load_tokenizer(a.target)
     heads = load_heads(a.heads, a.device)
@@ -215,7 +212,7 @@ def cmd_bench_long(a) -> int:
     cfg = TokenSwiftConfig(max_new_tokens=max(lengths), head_topk=a.head_topk, head_paths=a.head_paths,
                            ngram_n=a.ngram_n, ngram_topk=a.ngram_topk, max_nodes=a.max_nodes, budget=a.budget,
                            sinks=a.sinks, rebuild_every=a.rebuild_every, penalty=1.0,
-                           penalty_window=a.penalty_window, sampling=sampling,
+                           penalty_window=a.penalty_window, sampling=SamplingParams.from_args(a),
                            stop_token_ids=stops if a.keep_stop else (),
                            banned_token_ids=() if a.keep_stop else stops, seed=a.seed)
     for d in drafts:

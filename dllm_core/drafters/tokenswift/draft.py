@@ -6,13 +6,22 @@ then a tiny beam on the host). ``candidate_paths`` interleaves them with the con
 frequent n-grams that start with the token the first level is keyed on (the root itself, or the drafted
 first token). Verifying a tree costs compute per node on a CPU, so of the ``ngram_topk`` retrieved n-grams
 only the ``ngram_paths`` the heads find most likely (summed log-probability of their tokens at the heads'
-levels) enter the tree.
+levels) enter the tree. ``head_levels`` turns h0 into those level distributions with the host's LM head.
 """
 from __future__ import annotations
 
 import torch
 
 from .ngram import NGramTable
+
+
+def head_levels(heads, lm_head, h0: torch.Tensor, drafted_first: bool = False) -> torch.Tensor:
+    """h0 [H] -> the heads' logits [D, V] of the D positions after the root, through the host's ``lm_head``.
+
+    h0 from the verification (it produced the root, so its own l_0 is spent): l_1 .. l_gamma; with
+    ``drafted_first`` (h0 from a drafting forward on the root): l_0 .. l_gamma."""
+    hs = heads(h0.to(heads.layers[0].weight.dtype))  # [gamma+1, H]
+    return lm_head(hs if drafted_first else hs[1:])
 
 
 def head_paths(logits: torch.Tensor, k: int, m: int) -> list[list[int]]:
@@ -37,15 +46,17 @@ def rank_by_levels(paths: list[list[int]], logp: torch.Tensor, keep: int) -> lis
     return [paths[i] for i in order]
 
 
-def candidate_paths(level_logits: torch.Tensor, table: NGramTable, root: int, drafted_first: bool,
+def candidate_paths(level_logits: torch.Tensor | None, table: NGramTable, root: int, drafted_first: bool,
                     head_topk: int, num_head_paths: int, ngram_topk: int,
                     ngram_paths: int | None = None) -> list[list[int]]:
     """Token paths below ``root``: heads' paths and n-gram continuations, alternating, most likely first.
 
-    level_logits [D, V]: the drafted distributions of the D positions after the root. With
-    ``drafted_first`` (dynamic drafting) n-grams are keyed on the first level's argmax and that token leads
-    each retrieved path; otherwise they are keyed on the root and continue it directly. ``ngram_paths``
-    (None: all) of the retrieved n-grams are kept, ranked by the heads."""
+    level_logits [D, V]: the drafted distributions of the D positions after the root (None: no heads, the
+    n-grams keyed on the root only). With ``drafted_first`` (dynamic drafting) n-grams are keyed on the first
+    level's argmax and that token leads each retrieved path; otherwise they are keyed on the root and continue
+    it directly. ``ngram_paths`` (None: all) of the retrieved n-grams are kept, ranked by the heads."""
+    if level_logits is None:
+        return [list(rest) for rest in table.top(root, ngram_topk)][:ngram_paths]
     heads = head_paths(level_logits, head_topk, num_head_paths)
     if drafted_first:
         first = int(level_logits[0].argmax())

@@ -21,14 +21,15 @@ from typing import Iterator
 
 import torch
 
+from ..sampling import Emitter, target_choice
 from .attention import use_tokenswift_attention
 from .config import TokenSwiftConfig
-from .draft import candidate_paths
+from .draft import head_levels
+from .drafter import RequestDrafter
 from .heads import TokenSwiftHeads, check_compatible
 from .kvcache import DynamicDraftCache, KVCache
-from .ngram import NGramTable
 from .penalty import ContextualPenalty
-from .tree import accept_tree, build_tree, path_token_mask, target_choice, tree_attention_mask, tree_position_ids
+from .tree import accept_tree, path_token_mask, tree_attention_mask, tree_position_ids
 
 
 @dataclass
@@ -79,22 +80,15 @@ class _Clock:
         return self.spent + time.perf_counter() - self.since
 
 
-class _Emitter:
-    """Appends tokens up to max_new_tokens / the first stop token; records the timeline."""
+class _Emitter(Emitter):
+    """``sampling.Emitter`` that also records the timeline (tokens so far, seconds) after every call."""
 
     def __init__(self, cfg: TokenSwiftConfig, clock: _Clock):
-        self.cfg, self.clock, self.tokens, self.done = cfg, clock, [], False
-        self.marks: list[tuple[int, float]] = []
+        super().__init__(cfg.max_new_tokens, cfg.stop_token_ids)
+        self.clock, self.marks = clock, []
 
     def __call__(self, new: list[int]) -> list[int]:
-        new = new[: self.cfg.max_new_tokens - len(self.tokens)]
-        for i, t in enumerate(new):
-            if t in self.cfg.stop_token_ids:
-                new = new[: i + 1]
-                self.done = True
-                break
-        self.tokens += new
-        self.done = self.done or len(self.tokens) >= self.cfg.max_new_tokens
+        new = super().__call__(new)
         self.marks.append((len(self.tokens), self.clock.now()))
         return new
 
@@ -188,17 +182,17 @@ def iter_tokenswift(target, heads: TokenSwiftHeads, prompt: list[int], cfg: Toke
     res = LongResult([], 0.0, draft_depth=depth)
     with use_tokenswift_attention(target):
         g, cache, shaper = _setup(target, prompt, cfg)
-        table = NGramTable(cfg.ngram_n, keep=cfg.ngram_topk)
+        drafter, history = RequestDrafter(cfg), list(prompt)  # n-gram table, last tree, h0 bookkeeping
         dcache = DynamicDraftCache(cfg.budget, cfg.sinks, cfg.rebuild_every) if dynamic else None
         queries: dict | None = {} if dynamic else None
         emit = _Emitter(cfg, clock)
         res.tokens, res.marks = emit.tokens, emit.marks
         h0 = _prefill(target, prompt, cache, queries)  # [1, H]
+        drafter.set_hidden(h0)
         b = int(target_choice(shaper.apply(lm_head(h0)), cfg.sampling, g)[0])
-        table.update(prompt)
         new = emit([b])
         shaper.push(new)
-        table.update(new)
+        history += new
         while not emit.done:
             res.seconds = clock.now()
             clock.pause()
@@ -210,13 +204,9 @@ def iter_tokenswift(target, heads: TokenSwiftHeads, prompt: list[int], cfg: Toke
                 h0 = _forward(target, torch.tensor([[b]], device=dev), torch.tensor([[t]], device=dev), dcache,
                               None, queries)
                 res.forwards += 1
-                levels = heads.logits(h0[0], lm_head)  # [gamma+1, V]: positions t+1 .. t+gamma+1
-            else:
-                levels = heads.logits(h0[0], lm_head)[1:]  # [gamma, V]: positions t+1 .. t+gamma
-            levels = shaper.apply(levels)
-            paths = candidate_paths(levels, table, b, dynamic, cfg.head_topk, cfg.head_paths, cfg.ngram_topk,
-                                    cfg.ngram_paths)
-            tree = build_tree(b, paths, cfg.max_nodes, dev)
+            # dynamic: [gamma+1, V] positions t+1 .. t+gamma+1; shared: [gamma, V] positions t+1 .. t+gamma
+            levels = head_levels(heads, lm_head, h0[0] if dynamic else drafter.h0(history), dynamic)
+            tree = drafter.draft(history, shaper.apply(levels), dynamic, dev)
             hidden = _forward(target, tree.tokens[None], tree_position_ids(tree, t), cache,
                               tree_attention_mask(tree, t))  # [N, H]
             res.forwards += 1
@@ -228,8 +218,8 @@ def iter_tokenswift(target, heads: TokenSwiftHeads, prompt: list[int], cfg: Toke
             new = emit(tree.tokens[acc.nodes].tolist() + [b])
             res.accept_lengths.append(len(new))
             shaper.push(new)
-            table.update(new)
-            h0 = hidden[(acc.nodes or [0])[-1]][None]
+            history += new
+            drafter.set_hidden(hidden)  # shared: h0 = the accepted path's last node
             res.rebuilds = dcache.rebuilds if dcache else 0
         res.seconds = clock.now()
     yield res

@@ -12,24 +12,24 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
 
+from ...train.common import add_config_args, set_threads
+from ...train.config import TrainBase
 from ...train.dflash import DFlashTrainConfig
 
 
-@dataclass(frozen=True)
-class TokenSwiftTrainConfig:
-    """Every knob of one heads training run (field names follow ``train/loop.py``'s contract)."""
+@dataclass(frozen=True, kw_only=True)
+class TokenSwiftTrainConfig(TrainBase):
+    """Every knob of one heads training run (optimisation, seed, device, checkpoints: ``TrainBase``)."""
 
     RUNTIME: ClassVar[tuple[str, ...]] = DFlashTrainConfig.RUNTIME  # not part of a resumable run's identity
-
     target: str
-    out: str
     tasks: str = "count:span=2000"   # prompt source (train split) unless prompts_file
     prompts_file: str | None = None  # JSONL ({"prompt": ...} per line) or plain text, one prompt a line
     num_prompts: int = 32
@@ -40,34 +40,20 @@ class TokenSwiftTrainConfig:
     decay: float = 0.8               # weight of head i is decay^(i-1)
     steps: int = 1500
     lr: float = 1e-3
-    min_lr_ratio: float = 0.1
     warmup: int = 50
     weight_decay: float = 0.0
-    clip: float = 1.0
-    seed: int = 0
-    device: str = "cpu"
     save_every: int = 250
     eval_every: int = 250
     regen_batch: int = 16
     keep_data: bool = False
-    resume: bool = False
-    time_limit: float = 0.0          # seconds; stop early (state saved, --resume continues), 0 = none
 
     def __post_init__(self):
-        for n in ("num_prompts", "gen_tokens", "num_heads", "batch", "steps", "save_every", "regen_batch"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
-        for n in ("warmup", "eval_every", "time_limit"):
-            if getattr(self, n) < 0:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 0, got {getattr(self, n)}")
+        super().__post_init__()
+        self.check_at_least(1, "num_prompts", "gen_tokens", "num_heads", "batch", "regen_batch")
         if self.gen_tokens <= self.num_heads + 1:
             raise ValueError(f"--gen-tokens must exceed --num-heads + 1, got {self.gen_tokens}")
-        if not self.lr > 0 or not 0 <= self.min_lr_ratio <= 1:
-            raise ValueError(f"--lr must be > 0 and --min-lr-ratio in [0, 1], got {self.lr}, {self.min_lr_ratio}")
         if not 0 < self.decay <= 1:
             raise ValueError(f"--decay must be in (0, 1], got {self.decay}")
-        if self.device.split(":")[0] not in ("cpu", "cuda"):
-            raise ValueError(f"--device must be one of ['cpu', 'cuda'], got {self.device!r}")
 
     @property
     def data_path(self) -> Path:
@@ -81,37 +67,13 @@ def read_prompts(cfg: TokenSwiftTrainConfig) -> list[str]:
     return dflash_prompts(cfg)  # same sources and formats as train-dflash (fields: prompts_file, tasks, ...)
 
 
-@torch.inference_mode()
-def free_run(target, prompts: list[list[int]], gen_tokens: int, banned: list[int], batch_size: int,
-             progress=None) -> list[list[int]]:
-    """Greedy continuations of exactly ``gen_tokens`` tokens with ``banned`` ids suppressed (equal-length
-    prompts batched together, so no padding can perturb the greedy path)."""
-    from collections import defaultdict
-
-    by_len: dict[int, list[int]] = defaultdict(list)
-    for i, p in enumerate(prompts):
-        by_len[len(p)].append(i)
-    out: list[list[int] | None] = [None] * len(prompts)
-    for length, idx in sorted(by_len.items()):
-        for s in range(0, len(idx), batch_size):
-            rows = idx[s:s + batch_size]
-            ids = torch.tensor([prompts[i] for i in rows], device=target.device)
-            gen = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=gen_tokens,
-                                  min_new_tokens=gen_tokens, do_sample=False, suppress_tokens=banned or None,
-                                  eos_token_id=None, pad_token_id=0)[:, length:]
-            for i, row in zip(rows, gen.tolist()):
-                out[i] = row
-            if progress is not None:
-                progress.update(len(rows))
-    return out
-
-
 def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
     """(prompt, continuation) id lists, cached in ``<out>/tokenswift_data.pt``."""
     from tqdm import tqdm
 
     from ...tokenizer import encode_prompt
     from ...train.dflash import stop_ids
+    from ..target import regenerate
 
     key = {k: getattr(cfg, k) for k in ("target", "tasks", "prompts_file", "num_prompts", "chat", "gen_tokens",
                                         "seed")}
@@ -121,7 +83,8 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
             return data
     prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
     with tqdm(total=len(prompts), desc="free-run", dynamic_ncols=True) as bar:
-        gens = free_run(target, prompts, cfg.gen_tokens, stop_ids(tok, target.config), cfg.regen_batch, bar)
+        gens = regenerate(target, prompts, cfg.gen_tokens, stop_ids(tok, target.config), cfg.regen_batch, bar,
+                          free_run=True)
     data = {"key": key, "prompts": prompts, "generations": gens}
     Path(cfg.out).mkdir(parents=True, exist_ok=True)
     torch.save(data, cfg.data_path)
@@ -210,22 +173,13 @@ def add_parser(sub) -> None:
     p = sub.add_parser("train-tokenswift", help="train TokenSwift's gamma residual heads on a frozen causal target")
     p.add_argument("--target", required=True, help="local transformers causal LM directory (with tokenizer)")
     p.add_argument("--out", required=True, help="output heads directory (config.json + model.safetensors)")
-    for name, val in asdict(TokenSwiftTrainConfig(target="", out="")).items():
-        if name in ("target", "out"):
-            continue
-        flag = "--" + name.replace("_", "-")
-        if isinstance(val, bool):
-            p.add_argument(flag if not val else "--no-" + name.replace("_", "-"),
-                           action="store_true" if not val else "store_false", dest=name)
-        else:
-            p.add_argument(flag, type=type(val) if val is not None else str, default=val)
+    add_config_args(p, TokenSwiftTrainConfig(target="", out=""), skip=("target", "out"))
     p.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
     p.set_defaults(func=cmd_train)
 
 
 def cmd_train(a) -> int:
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    set_threads(a.threads)
     cfg = TokenSwiftTrainConfig(**{f.name: getattr(a, f.name) for f in fields(TokenSwiftTrainConfig)})
     print(json.dumps(run(cfg)))
     return 0

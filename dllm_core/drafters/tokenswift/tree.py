@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 
 import torch
 
-from ..verify import SamplingParams, accept_match, probs_from_logits, sample_probs
+from ..verify import accept_match
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,41 @@ def build_tree(root: int, paths: Iterable[Sequence[int]], max_nodes: int | None 
                 torch.tensor(before, **as_long).view(len(chains), width + 1))
 
 
+def main_branch(tree: Tree, k: int) -> list[int]:
+    """The one chain a chain-verifying host checks, at most ``k`` tokens: from the root, always into the child
+    the most candidates continue through (most leaves below it; ties: the first inserted, i.e. more likely)."""
+    parents, tokens = tree.parents.tolist(), tree.tokens.tolist()
+    leaves = [0] * len(parents)
+    for i in range(len(parents) - 1, 0, -1):  # children come after their parents
+        leaves[i] = leaves[i] or 1
+        leaves[parents[i]] += leaves[i]
+    best: dict[int, int] = {}
+    for i in range(1, len(parents)):
+        j = best.get(parents[i])
+        if j is None or leaves[i] > leaves[j]:
+            best[parents[i]] = i
+    out, node = [], 0
+    while node in best and len(out) < k:
+        node = best[node]
+        out.append(tokens[node])
+    return out
+
+
+def padded(tree: Tree, width: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tree as a fixed number of nodes: (tokens [W], ancestors [W, W] bool, mask[i, j] = j is i or an
+    ancestor of i). Missing nodes are extra children of the root repeating the root token - verified like any
+    candidate, so they can only be accepted if correct."""
+    n = tree.size
+    if n > width:
+        raise ValueError(f"tree of {n} nodes does not fit {width} draft tokens")
+    tokens = tree.tokens.new_full((width,), int(tree.tokens[0]))
+    tokens[:n] = tree.tokens
+    mask = torch.eye(width, dtype=torch.bool, device=tree.tokens.device)
+    mask[:n, :n] = tree.ancestors
+    mask[n:, 0] = True
+    return tokens, mask
+
+
 def tree_attention_mask(tree: Tree, prefix_len: int) -> torch.Tensor:
     """[1, 1, N, prefix_len + N] bool (True = attend): the whole committed prefix plus the node's ancestors."""
     n = tree.size
@@ -95,14 +130,6 @@ def path_token_mask(tree: Tree, vocab_size: int) -> torch.Tensor:
     anc = tree.ancestors[:, 1:].float()  # [N, N-1]
     onehot = torch.nn.functional.one_hot(tree.tokens[1:], vocab_size).float()  # [N-1, V]
     return (anc @ onehot) > 0
-
-
-def target_choice(logits: torch.Tensor, params: SamplingParams, generator: torch.Generator | None = None
-                  ) -> torch.Tensor:
-    """The target's token after each node: logits [N, V] -> [N] (argmax, or one sample per node)."""
-    if params.greedy:
-        return logits.argmax(-1)
-    return sample_probs(probs_from_logits(logits, params), generator)
 
 
 @dataclass(frozen=True)
