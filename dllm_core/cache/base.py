@@ -114,6 +114,4 @@ def kv_buffers(model, batch: int, seq_len: int, device) -> list[tuple[torch.Tens
 def nbytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(nbytes(o) for o in obj.values())
     return sum(nbytes(o) for o in obj) if isinstance(obj, (list, tuple)) else 0

@@ -73,7 +73,7 @@ class CanvasState(CacheState):
         self.current = None  # canvas being denoised
         self.steps = np.zeros(B, dtype=np.int64)  # per row, in the canvas
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
-        self.counters.cache_bytes = nbytes(self.kv) + nbytes([vars(f) for f in self.feats]) + self.last.nbytes
+        self.counters.cache_bytes = nbytes(self.kv) + nbytes([f.tensors() for f in self.feats]) + self.last.nbytes
 
     def hidden(self, x, need, fresh, active=None):
         cv, L = self.canvas, self.L

@@ -36,7 +36,7 @@ class DLLMCacheState(CacheState):
         self.step, self.block = 0, None
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
         self.runs: dict[tuple[str, ...], GraphRunner] = {}  # per-layer mode pattern -> forward
-        self.counters.cache_bytes = nbytes([vars(f) for f in self.feats])
+        self.counters.cache_bytes = nbytes([f.tensors() for f in self.feats])
 
     def hidden(self, x, need, fresh, active=None):
         pol = self.policy

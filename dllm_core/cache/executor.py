@@ -83,6 +83,9 @@ class Features:
     def zeros(cls, m: int, L: int, kv: int, d: int, like: torch.Tensor) -> "Features":
         return cls(*(like.new_zeros(m, L, w) for w in (kv, kv, d, d)))
 
+    def tensors(self) -> tuple[torch.Tensor, ...]:
+        return self.k, self.v, self.a, self.f
+
 
 @dataclass
 class CachedRows:
@@ -137,14 +140,14 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     rec = recompute_mask(ops, x, pos, groups, generator, counters)
     ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
     dense = len(groups) == 1 and groups[0].dense
-    k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in vars(groups[0].feats).values())
+    k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
     if ridx.shape[0]:
         q, k[ridx], v[ridx] = ops.qkv(x[ridx], pos[ridx])
         a[ridx] = att = ops.attend(q, k, v, ridx)
         f[ridx] = ops.ffn(x[ridx] + att)
     if not dense:
         for g in groups:
-            for buf, t in zip(vars(g.feats).values(), (k, v, a, f)):
+            for buf, t in zip(g.feats.tensors(), (k, v, a, f)):
                 buf.copy_(t[g.rows])
     return x + a + f
 
@@ -157,7 +160,7 @@ def _flat(groups: Sequence[CachedRows], x: torch.Tensor):
     a, f = torch.empty_like(x), torch.empty_like(x)
     for g in groups:
         r = g.rows.flatten()
-        for buf, t in zip((k, v, a, f), vars(g.feats).values()):
+        for buf, t in zip((k, v, a, f), g.feats.tensors()):
             buf[r] = t.flatten(0, 1)
     return k, v, a, f
 
@@ -184,7 +187,7 @@ class FeatureStore:
         return Features(*(b[layer, slots] for b in self.bufs))
 
     def scatter(self, layer: int, slots: torch.Tensor, feats: Features) -> None:
-        for b, t in zip(self.bufs, (feats.k, feats.v, feats.a, feats.f)):
+        for b, t in zip(self.bufs, feats.tensors()):
             b[layer, slots] = t
 
 

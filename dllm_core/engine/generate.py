@@ -94,8 +94,8 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
             s, e = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
             canvas.block = b
             sampler.begin_block(st, x[:, s:e] == mask_id)
-            while not sampler.block_done(st, x[:, s:e] == mask_id):
-                plan = plan_step(sampler, st, x[:, s:e] == mask_id)
+            while not sampler.block_done(st, masked := x[:, s:e] == mask_id):
+                plan = plan_step(sampler, st, masked)
                 (flo, fhi), (lo, hi) = plan.focus, plan.window
                 fresh = torch.stack([s + flo - shift, s + fhi], -1)  # [B, 2]
                 xin = torch.cat([x, x.masked_fill(prompt_pos, mask_id)]) if cfg_rows else x
