@@ -1,5 +1,7 @@
 """The embedded reference engine."""
 from .config import GenerationConfig
 from .generate import GenerationResult, build_canvas, generate
+from .step import BlockProgress, StepPlan, denoise_step, plan_step, take_step
 
-__all__ = ["GenerationConfig", "GenerationResult", "build_canvas", "generate"]
+__all__ = ["BlockProgress", "GenerationConfig", "GenerationResult", "StepPlan", "build_canvas", "denoise_step",
+           "generate", "plan_step", "take_step"]
