@@ -79,3 +79,45 @@ class BlockProgress:
         self.new[rows] = done
         self.block[rows[done]] += 1
         return self.block[rows] >= self.n_blocks[rows]
+
+
+class SlotStates:
+    """A sampler's per-request rows (``new_state``) kept between a host's scheduler rounds, one row
+    per request slot (``grow`` adds slots). Host-side entries (block counters) keep the latest value."""
+
+    def __init__(self, sampler: Sampler, block_len: int, steps: int, device, slots: int = 0):
+        self.sampler, self.L, self.steps, self.device = sampler, block_len, steps, device
+        self.full = sampler.new_state(slots, block_len, steps, device)
+        self.slots = slots
+
+    def grow(self, slots: int) -> None:
+        """At least ``slots`` rows."""
+        if slots > self.slots:
+            extra = self.sampler.new_state(slots - self.slots, self.L, self.steps, self.device)
+            self.full = {k: torch.cat([v, extra.get(k, v[:0].new_zeros(slots - self.slots, *v.shape[1:]))])
+                         if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
+            self.slots = slots
+
+    def gather(self, slots: torch.Tensor) -> dict:
+        """The rows of ``slots`` [m] as one batch state."""
+        return {k: v[slots] if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
+
+    def scatter(self, slots: torch.Tensor, st: dict) -> None:
+        """Write a batch state back into the rows of ``slots``."""
+        for k, v in st.items():
+            if not isinstance(v, torch.Tensor):
+                self.full[k] = v
+                continue
+            if k not in self.full:
+                self.full[k] = v.new_zeros((self.slots, *v.shape[1:]))
+            self.full[k][slots] = v
+
+    def reset(self, slots: torch.Tensor) -> None:
+        """Fresh rows (``new_state``) for new requests in ``slots``."""
+        self.scatter(slots, self.sampler.new_state(len(slots), self.L, self.steps, self.device))
+
+    def begin_block(self, slots: torch.Tensor, masked: torch.Tensor) -> None:
+        """``Sampler.begin_block`` for the rows of ``slots``; masked [m, L]."""
+        st = self.gather(slots)
+        self.sampler.begin_block(st, masked)
+        self.scatter(slots, st)

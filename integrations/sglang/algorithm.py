@@ -8,10 +8,10 @@ commits back into ``input_ids`` in place and reports per row whether the block *
 before this step (the sampler's ``rows_done``; SGLang's contract: the forward after the last
 commit persists the block's K/V).
 
-Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in ``RowState`` objects:
-SGLang keeps one per request across scheduler rounds (``--dllm-fdfo``, the default) and batches
-change between rounds, so a step gathers its rows' slices into one batch state (no copy when the
-batch is unchanged) and the rows point into it afterwards.
+Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in the core's ``SlotStates``,
+one row per SGLang request slot (``req_pool_indices``): batches change between rounds
+(``--dllm-fdfo``, the default), so a step gathers its rows and writes them back. SGLang keeps a
+``RowState`` per request (dLLM-Cache step counter, flags) across rounds.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any, ClassVar, List
 
 import torch
 
-from dllm_core.engine.step import denoise_step
+from dllm_core.engine.step import SlotStates, denoise_step
 from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
@@ -31,36 +31,16 @@ from .options import AlgorithmOptions, read_yaml
 logger = logging.getLogger(__name__)
 
 
-class BlockState:
-    """The sampler state of a batch of rows: dllm_core's ``st`` dict (tensors [n, ...])."""
-
-    def __init__(self, st: dict, n: int):
-        self.st, self.n = st, n
-
-
 class RowState:
-    """One request's view into a ``BlockState`` + its dLLM-Cache step counter."""
+    """One request's block in flight: its dLLM-Cache step counter and flags (its sampler rows live in
+    the algorithm's ``SlotStates``, at the request's slot)."""
 
-    __slots__ = ("block", "row", "step", "final")
+    __slots__ = ("step", "final", "fresh")
 
-    def __init__(self, block: BlockState, row: int):
-        self.block, self.row = block, row
+    def __init__(self):
         self.step = 0        # denoise forwards of this block so far (dLLM-Cache schedule)
         self.final = False   # the block has no masks left: the next forward persists it (exact)
-
-
-def gather_rows(states: List[RowState]) -> dict:
-    """The batch state for ``states`` in order; re-points the rows at it. Host-side entries
-    (``steps``, ``L``, counters) follow the first row: this adapter ends a block by its masks."""
-    first = states[0].block
-    if first.n == len(states) and all(s.block is first and s.row == i for i, s in enumerate(states)):
-        return first.st
-    st = {k: torch.cat([s.block.st[k][s.row:s.row + 1] for s in states]) if isinstance(v, torch.Tensor) else v
-          for k, v in first.st.items()}
-    block = BlockState(st, len(states))
-    for i, s in enumerate(states):
-        s.block, s.row = block, i
-    return st
+        self.fresh = True    # the sampler rows are reset at the block's first step
 
 
 class DllmCoreAlgorithm(DllmAlgorithm):
@@ -102,6 +82,7 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         self.sampler = self.opts.sampler
         self.steps = self.opts.steps or self.block_size
         self._tc: TokenContext | None = None
+        self.rows: SlotStates | None = None  # per-request sampler rows, by request slot
 
     def max_steps(self, block_size: int) -> int:
         """Forwards per block in the synchronous loop: the sampler's most steps + the forward
@@ -123,11 +104,22 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         return m if pm is None else m & ~pm
 
     def init_step_state(self, forward_batch) -> List[Any]:
-        B, dev = forward_batch.batch_size, forward_batch.input_ids.device
-        st = self.sampler.new_state(B, self.block_size, self.steps, dev)
-        self.sampler.begin_block(st, self.masked(forward_batch))
-        block = BlockState(st, B)
-        return [RowState(block, i) for i in range(B)]
+        return [RowState() for _ in range(forward_batch.batch_size)]
+
+    def sampler_rows(self, forward_batch, states: List[Any], masked: torch.Tensor) -> torch.Tensor:
+        """The batch's request slots [B] in ``self.rows`` (fresh blocks get new sampler rows)."""
+        slots = forward_batch.req_pool_indices.long()
+        if self.rows is None:
+            self.rows = SlotStates(self.sampler, self.block_size, self.steps, slots.device)
+        self.rows.grow(int(slots.max()) + 1)
+        fresh = [i for i, s in enumerate(states) if s.fresh]
+        if fresh:
+            idx = slots[fresh]
+            self.rows.reset(idx)
+            self.rows.begin_block(idx, masked[fresh])
+            for i in fresh:
+                states[i].fresh = False
+        return slots
 
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
         """dLLM-Cache: hand the model its cache policy and each row's denoise step
@@ -149,13 +141,15 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)
-        st = gather_rows(states)
+        slots = self.sampler_rows(forward_batch, states, masked)
+        st = self.rows.gather(slots)
         done = self.sampler.rows_done(st, masked).tolist()
         if all(done):
             return done
         pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
         x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
         x, after = denoise_step(self.sampler, st, full_logits.view(B, L, -1), x, self.token_context(ids.device))
+        self.rows.scatter(slots, st)
         ids.copy_(torch.where(x == -1, ids, x))  # in place: forward_batch.input_ids
         if self.opts.caching:  # rows whose block is done: their next forward persists it
             for s, final in zip(states, after.tolist()):

@@ -13,7 +13,7 @@ Per step, for each request in the batch:
   a new all-mask canvas follows.
 
 Requests sharing a sampler configuration run one batched dllm_core call; per-request sampler
-state lives in slot-indexed rows (``SlotStates``).
+state lives in slot-indexed rows (dllm_core's ``SlotStates``).
 """
 from __future__ import annotations
 
@@ -130,10 +130,8 @@ class DllmSampler:
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
         ss = st.sampler_states(pol)
         new = torch.as_tensor(st.progress.new[sl], device=dev)
-        if bool(new.any()):
-            sub = ss.gather(idx[new])
-            pol.sampler.begin_block(sub, xw[new] == st.mask_id)
-            ss.scatter(idx[new], sub)
+        if st.progress.new[sl].any():
+            ss.begin_block(idx[new], xw[new] == st.mask_id)
         state = ss.gather(idx)
         xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
         ss.scatter(idx, state)

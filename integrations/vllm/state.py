@@ -19,7 +19,7 @@ import torch
 
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.cache.executor import CachedStep, FeatureStore
-from dllm_core.engine.step import BlockProgress
+from dllm_core.engine.step import BlockProgress, SlotStates
 from dllm_core.sampling import Sampler, TokenContext
 
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
@@ -66,32 +66,6 @@ class RequestPolicy:
                 self.logits_eos_inf, self.confidence_eos_eot_inf, self.eot_id)
 
 
-class SlotStates:
-    """A dllm_core sampler state (dict of per-row tensors) with one row per vLLM request slot."""
-
-    def __init__(self, sampler: Sampler, max_reqs: int, block_len: int, steps: int, device):
-        self.sampler, self.L, self.steps, self.device = sampler, block_len, steps, device
-        self.full = sampler.new_state(max_reqs, block_len, steps, device)
-        self.max_reqs = max_reqs
-
-    def gather(self, slots: torch.Tensor) -> dict:
-        return {k: v[slots] if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
-
-    def scatter(self, slots: torch.Tensor, st: dict) -> None:
-        """Write rows back; host scalars (block-level counters) are kept as the latest value."""
-        for k, v in st.items():
-            if not isinstance(v, torch.Tensor):
-                self.full[k] = v
-                continue
-            if k not in self.full:
-                self.full[k] = v.new_zeros((self.max_reqs, *v.shape[1:]))
-            self.full[k][slots] = v
-
-    def reset(self, slot: int) -> None:
-        fresh = self.sampler.new_state(1, self.L, self.steps, self.device)
-        self.scatter(torch.tensor([slot], device=self.device), fresh)
-
-
 @dataclass
 class StepPlan:
     """Set on the model right before each forward."""
@@ -133,7 +107,7 @@ class DllmStates:
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         self.policy[slot] = pol
         self.phase[slot] = PREFILL
-        self.sampler_states(pol).reset(slot)
+        self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
         if not pol.cache.exact and self.features is None:
             n_layers, kv_size = self.feature_shape
             self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
@@ -146,7 +120,7 @@ class DllmStates:
     def sampler_states(self, pol: RequestPolicy) -> SlotStates:
         key = (pol.sampler, pol.block_length, pol.steps)
         if key not in self.slot_states:
-            self.slot_states[key] = SlotStates(pol.sampler, self.max_reqs, pol.block_length, pol.steps, self.device)
+            self.slot_states[key] = SlotStates(pol.sampler, pol.block_length, pol.steps, self.device, self.max_reqs)
         return self.slot_states[key]
 
     def token_context(self, pol: RequestPolicy) -> TokenContext:
