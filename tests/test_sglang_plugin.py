@@ -96,6 +96,9 @@ def test_launch_llada_with_dllm_cache(ckpt, tmp_path, caplog):
     cfg = DllmConfig.from_server_args(sa)
     mask = json.load(open(os.path.join(ckpt["llada"], "config.json")))["mask_token_id"]
     assert (cfg.block_size, cfg.mask_id) == (8, mask)
+    assert cfg.validate_request(SimpleNamespace(origin_input_ids=[3, 4])) is None
+    assert cfg.validate_request(SimpleNamespace(origin_input_ids=[3, mask, 4])) == \
+        f"prompts must not contain the mask token id {mask} (found at position 1)"  # admission: HTTP 400
     algo = get_algorithm(cfg)
     assert type(algo) is algo_name_to_cls["SlowFast"]
     assert (algo.sampler.k, algo.opts.cache.kr, algo.opts.cache.rho) == (4, 3, 0.25)

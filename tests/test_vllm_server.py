@@ -95,3 +95,13 @@ def test_bad_option_is_a_400_and_the_server_keeps_serving(server):
     assert code == 400 and "extra_args.dllm_cache" in body["error"]["message"]
     code, body = complete(server)
     assert code == 200 and body["choices"][0]["token_ids"] == reference(server[2], "threshold:tau=0.7")
+
+
+def test_prompt_with_the_mask_token_is_a_400_and_the_server_keeps_serving(server):
+    url, model_dir, model = server
+    mask = model.args.mask_token_id
+    code, body = post(url, {"model": str(model_dir), "prompt": [30, mask, 32], "max_tokens": 8})
+    assert code == 400, body
+    assert f"prompts must not contain the mask token id {mask} (found at position 1)" in body["error"]["message"]
+    code, body = complete(server)
+    assert code == 200 and body["choices"][0]["token_ids"] == reference(model, "threshold:tau=0.7")

@@ -12,7 +12,7 @@ from ..cache import Canvas, Counters
 from ..models import DiffusionLM
 from ..sampling import TokenContext
 from .config import GenerationConfig
-from .step import plan_step, take_step
+from .step import mask_in_prompt, plan_step, take_step
 
 
 @dataclass
@@ -49,8 +49,9 @@ def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
         raise ValueError("mask_token_id: the model's config.json has none; pass mask_id explicitly")
     if not prompts or any(len(p) == 0 for p in prompts):
         raise ValueError("--prompt: every prompt needs at least one token")
-    if any(mask_id in p for p in prompts):
-        raise ValueError(f"--prompt: prompts must not contain the mask token id {mask_id}")
+    for p in prompts:
+        if err := mask_in_prompt(p, mask_id):
+            raise ValueError(f"--prompt: {err}")
     longest = max(len(p) for p in prompts)
     if longest + cfg.gen_length > model.args.max_seq_len:
         raise ValueError(f"--prompt: {longest} prompt tokens + --gen-length {cfg.gen_length} exceed the model's "

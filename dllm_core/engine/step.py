@@ -18,6 +18,15 @@ import torch
 from ..sampling import Sampler, TokenContext
 
 
+def mask_in_prompt(prompt, mask_id: int) -> str | None:
+    """The admission rule of every engine: a prompt may not hold the mask token (it would be decoded
+    as a position to fill). -> the error text, or None."""
+    ids = list(prompt)
+    if mask_id in ids:
+        return f"prompts must not contain the mask token id {mask_id} (found at position {ids.index(mask_id)})"
+    return None
+
+
 @dataclass
 class StepPlan:
     """What one step is about, per row: decoding or idle, and the windows its logits must cover."""

@@ -20,7 +20,7 @@ from typing import Any, ClassVar, List
 
 import torch
 
-from dllm_core.engine.step import SlotStates, denoise_step
+from dllm_core.engine.step import SlotStates, denoise_step, mask_in_prompt
 from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
@@ -29,6 +29,14 @@ from sglang.srt.dllm.config import DllmConfig
 from .options import AlgorithmOptions, read_yaml
 
 logger = logging.getLogger(__name__)
+
+
+class DllmServeConfig(DllmConfig):
+    """SGLang's ``DllmConfig`` for the dllm-serve models + dllm_core's prompt rule at admission (the
+    scheduler answers a returned error with HTTP 400)."""
+
+    def validate_request(self, req) -> str | None:
+        return mask_in_prompt(req.origin_input_ids, self.mask_id) or super().validate_request(req)
 
 
 class RowState:

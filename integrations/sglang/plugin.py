@@ -8,7 +8,8 @@ It changes no SGLang file; everything goes through SGLang's registries and its h
 * ``ModelRegistry.models``: ``LLaDAModelLM`` / ``DreamModel`` (BEFORE hook on
   ``get_model_architecture``, so processes that never load a model never import model code);
 * ``DllmConfig.from_server_args`` (AROUND): the dLLM architecture table gains LLaDA-8B and
-  Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json);
+  Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json), as a
+  ``DllmServeConfig`` whose admission check refuses prompts holding the mask token (HTTP 400);
 * ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
   prefix position (``PrefixRows.expect``), which SGLang does not pass to the model;
 * ``handle_dllm_inference`` (AFTER): Dream turns CUDA graphs off (its prefix row is computed
@@ -82,8 +83,7 @@ def dllm_config(original, server_args):
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.dllm.algorithm import get_algorithm_cls
-    from sglang.srt.dllm.config import DllmConfig
-
+    from .algorithm import DllmServeConfig
     from .options import read_yaml
 
     cfg = resolving_view(server_args)
@@ -104,7 +104,7 @@ def dllm_config(original, server_args):
     block_size = algorithm_config.get("block_size", DEFAULT_BLOCK)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"--dllm-algorithm-config: block_size must be an integer >= 1, got {block_size!r}")
-    return DllmConfig(
+    return DllmServeConfig(
         algorithm=cfg.dllm_algorithm, algorithm_config=algorithm_config, block_size=block_size, mask_id=mask_id,
         max_running_requests=1 if cfg.max_running_requests is None else cfg.max_running_requests,
         first_done_first_out_mode=cfg.dllm_fdfo,

@@ -5,9 +5,9 @@ Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point
 (``register``). Host vocabulary only: decisions are dllm_core's (see ``docs/vllm.md``).
 
 Modules: ``configs`` (HF configs + vLLM config hook), ``options`` (server-wide / per-request
-options and their admission check), ``model`` (the models on vLLM layers), ``state``
-(ModelState + per-request diffusion state), ``sampler`` (the custom sampler), ``serve``
-(``vllm serve`` with ``--dllm-sampler`` / ``--dllm-cache``).
+options and their admission check), ``renderer`` (prompt admission), ``model`` (the models on vLLM
+layers), ``state`` (ModelState + per-request diffusion state), ``sampler`` (the custom sampler),
+``serve`` (``vllm serve`` with ``--dllm-sampler`` / ``--dllm-cache``).
 """
 from __future__ import annotations
 
@@ -24,10 +24,14 @@ def register() -> None:
         return
     from vllm import ModelRegistry
     from vllm.model_executor.models.config import MODELS_CONFIG_MAP
+    from vllm.renderers.registry import RENDERER_REGISTRY
+    from vllm.tokenizers.registry import TokenizerRegistry
 
     from .configs import config_hook, register_configs
 
     register_configs()
+    TokenizerRegistry.register("dllm", "vllm.tokenizers.hf", "CachedHfTokenizer")  # + prompt admission:
+    RENDERER_REGISTRY.register("dllm", "integrations.vllm.renderer", "DllmRenderer")  # renderer.py
     hook = config_hook()
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)

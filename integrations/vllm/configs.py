@@ -73,6 +73,8 @@ def config_hook():
                             sc.max_num_batched_tokens, mc.max_model_len)
                 sc.max_num_batched_tokens = mc.max_model_len
             mc.enforce_eager = True  # the per-step canvas plan is data dependent: no CUDA graphs
+            if mc.tokenizer_mode in ("auto", "hf"):  # HF tokenizer + the renderer that refuses [MASK] in prompts
+                mc.tokenizer_mode = "dllm"
             ac = vllm_config.attention_config
             if ac.backend is None and not ac.use_non_causal:
                 ac.use_non_causal = True
