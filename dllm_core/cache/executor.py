@@ -204,19 +204,24 @@ class CachedStep:
     store: FeatureStore
     generator: torch.Generator | None = None
 
-    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
-        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
-        groups, members = [], {}
+    def __post_init__(self):
+        members: dict = {}
         for j, p in enumerate(self.policies):
             members.setdefault(p, []).append(j)
-        for pol, js in members.items():
+        dev = self.rows.device
+        # per policy: its requests (host list), their indices [m'], rows [m', L] and slots [m']
+        self.groups = [(pol, js, idx, self.rows[idx], self.slots[idx]) for pol, js in members.items()
+                       for idx in [torch.tensor(js, device=dev)]]
+
+    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
+        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
+        groups = []
+        for pol, js, idx, rows, slots in self.groups:
             full = [pol.full_layer(self.steps[j], layer) for j in js]
-            idx = torch.tensor(js, device=x.device)
-            rows = self.rows[idx]
             rec = torch.tensor(full, device=x.device)[:, None].expand_as(rows)
-            groups.append((idx, CachedRows(rows, self.store.gather(layer, self.slots[idx]), rec,
-                                           [not f for f in full], pol, (0, rows.shape[1]))))
+            groups.append((slots, CachedRows(rows, self.store.gather(layer, slots), rec, [not f for f in full], pol,
+                                             (0, rows.shape[1]))))
         out = cached_layer(ops, x, pos, [g for _, g in groups], self.generator)
-        for idx, g in groups:
-            self.store.scatter(layer, self.slots[idx], g.feats)
+        for slots, g in groups:
+            self.store.scatter(layer, slots, g.feats)
         return out

@@ -115,16 +115,6 @@ def write_kv(buf: torch.Tensor, at, new: torch.Tensor, keep: torch.Tensor | None
     return buf.scatter_(2, idx, new)
 
 
-def gather_rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
-    """x [B, T, ...], idx [B, n] -> [B, n, ...]."""
-    return x.gather(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand(*idx.shape, *x.shape[2:]))
-
-
-def scatter_rows(x: torch.Tensor, idx: torch.Tensor, src: torch.Tensor) -> torch.Tensor:
-    """In place: x[b, idx[b, j]] = src[b, j]."""
-    return x.scatter_(1, idx.view(*idx.shape, *([1] * (x.dim() - 2))).expand_as(src), src)
-
-
 class BlockOps:
     """The embedded ``Block`` as the cache executor's ``LayerOps`` over flat rows of a batch of B
     rows x S positions (row r = b * S + s). ``attend`` prepends the cached prefix K/V ``prefix``

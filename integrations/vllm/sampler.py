@@ -129,8 +129,9 @@ class DllmSampler:
         win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
         ss = st.sampler_states(pol)
-        new = torch.as_tensor(st.progress.new[sl], device=dev)
-        if st.progress.new[sl].any():
+        new = st.progress.new[sl]  # host [m]: rows starting a block
+        if new.any():
+            new = torch.as_tensor(new, device=dev)
             ss.begin_block(idx[new], xw[new] == st.mask_id)
         state = ss.gather(idx)
         xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
