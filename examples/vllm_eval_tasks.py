@@ -6,8 +6,8 @@ embedded reference engine with the same policy (and vanilla LLaDA decoding for c
         --task arithmetic --n 200 --sampler low_confidence
     # GPU: the same without PYTHONPATH (add --dtype bfloat16 to match a bf16 deployment)
 
-Prints one JSON object: accuracies (vLLM, reference ``canvas`` policy, vanilla ``none``), the
-token agreement of vLLM with the canvas reference, and of the canvas semantics with vanilla.
+Prints one JSON object: accuracies (vLLM, the embedded engine with the same policy, vanilla
+``none``), the token agreement of vLLM with that reference, and of the policy with vanilla.
 """
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ import argparse
 import json
 import time
 
+from dataclasses import replace
+
 import torch
 
 from dllm_core import load_model, load_tokenizer
+from dllm_core.cache import CanvasCache, host_cache
 from dllm_core.cli import decode, stop_ids
 from dllm_core.tasks import make_task
 from dllm_core.tasks.evaluate import generate_batched, prompts_of, task_config
@@ -51,7 +54,7 @@ def main() -> None:
     p.add_argument("--task", default="arithmetic")
     p.add_argument("--n", type=int, default=200, help="test examples")
     p.add_argument("--sampler", default="low_confidence")
-    p.add_argument("--cache", default="none", help="vLLM cache option (none | dllm:...)")
+    p.add_argument("--cache", default="dual", help="vLLM cache option (dual | prefix | none | canvas | dllm:...)")
     p.add_argument("--blocks", type=int, default=1, help="task blocks per vLLM canvas (canvas_length = blocks x "
                    "the task's block length; gen_length / block_length = the whole response in one canvas)")
     p.add_argument("--dtype", default="float32")
@@ -64,24 +67,23 @@ def main() -> None:
     model = load_model(args.model, dtype=getattr(torch, args.dtype))
     examples = task.examples("test", args.n)
     prompts, stop = prompts_of(tok, examples), stop_ids(tok, model)
-    from dataclasses import replace
-
-    from dllm_core.cache.canvas import CanvasCache
-
-    canvas_cfg = task_config(task, args.sampler, replace(CanvasCache.from_spec(args.cache), blocks=args.blocks))
-    vanilla_cfg = task_config(task, args.sampler, "none")
-    ref = generate_batched(model, prompts, canvas_cfg, batch_size=32)
+    canvas_len = args.blocks * task.block_length
+    policy = host_cache(args.cache)
+    if isinstance(policy, CanvasCache):
+        policy = replace(policy, blocks=args.blocks)
+    ref_cfg, vanilla_cfg = task_config(task, args.sampler, policy), task_config(task, args.sampler, "none")
+    ref = generate_batched(model, prompts, ref_cfg, batch_size=32, canvas_length=canvas_len)
     van = generate_batched(model, prompts, vanilla_cfg, batch_size=32)
-    got, seconds = run_vllm(args, task, prompts, canvas_cfg.steps_per_block)
+    got, seconds = run_vllm(args, task, prompts, ref_cfg.steps_per_block)
     result = {
         "model": args.model, "task": args.task, "n": len(examples), "sampler": args.sampler, "cache": args.cache,
         "canvas_length": args.blocks * task.block_length, "block_length": task.block_length,
         "dtype": args.dtype,
-        "accuracy": {"vllm": score(task, tok, stop, examples, got), "reference_canvas": score(task, tok, stop, examples,
+        "accuracy": {"vllm": score(task, tok, stop, examples, got), "reference": score(task, tok, stop, examples,
                      ref.tokens), "reference_vanilla": score(task, tok, stop, examples, van.tokens)},
-        "agreement_vllm_vs_canvas": agreement(got, ref.tokens),
-        "agreement_canvas_vs_vanilla": agreement(ref.tokens, van.tokens),
-        "seconds": {"vllm": round(seconds, 2), "reference_canvas": round(ref.seconds, 2),
+        "agreement_vllm_vs_reference": agreement(got, ref.tokens),
+        "agreement_reference_vs_vanilla": agreement(ref.tokens, van.tokens),
+        "seconds": {"vllm": round(seconds, 2), "reference": round(ref.seconds, 2),
                     "reference_vanilla": round(van.seconds, 2)},
     }
     print(json.dumps(result, indent=2))

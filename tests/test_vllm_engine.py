@@ -1,5 +1,6 @@
 """The real vLLM engine (Model Runner V2, diffusion pathway, CPU harness) serving tiny LLaDA and
-Dream checkpoints reproduces dllm_core's ``canvas`` reference policy token for token.
+Dream checkpoints reproduces the embedded engine token for token: the ``canvas`` reference policy and
+Fast-dLLM's prefix / dual with one-block canvases (each canvas a generation of its own).
 
 One engine per model: both start at once (module fixture), each runs every case below in ONE
 batch of concurrent requests with prompts of different lengths and per-request policies.
@@ -9,8 +10,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from dllm_core import GenerationConfig, generate, load_model
-from dllm_core.cache.canvas import CanvasCache
+from dllm_core import GenerationConfig, load_model
+from dllm_core.cache import CanvasCache, DLLMCache, host_cache
+from dllm_core.engine import generate_in_canvases
 from dllm_core.models import DiffusionLM
 
 pytest.importorskip("vllm")
@@ -19,7 +21,7 @@ from vllm_harness.jobs import CANVAS, ENGINE, finish_engine, start_engine, stop,
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 BLOCKS = 3
-SERVER = {"sampler": "threshold:tau=0.7"}  # server-wide --additional-config dllm
+SERVER = {"sampler": "threshold:tau=0.7", "cache": "none"}  # server-wide --additional-config dllm
 # name -> (extra_args, max_tokens, reference sampler, reference cache, steps per block, block length)
 CASES = {
     "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 4}, 24, "low_confidence", "none", 4, CANVAS),
@@ -27,20 +29,27 @@ CASES = {
     "slowfast": ({"dllm_sampler": "slowfast"}, 24, "slowfast", "none", CANVAS, CANVAS),
     "factor": ({"dllm_sampler": "factor"}, 24, "factor", "none", CANVAS, CANVAS),
     "server_default": ({}, 24, SERVER["sampler"], "none", CANVAS, CANVAS),
-    "dllm_exact": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "dllm:kp=50,kr=3,rho=1.0"},
-                   24, "low_confidence", "dllm:kr=3,rho=1.0", 4, CANVAS),
-    "dllm_approx": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dllm:kr=3,rho=0.25"}, 24,
-                    "threshold:tau=0.6", "dllm:kr=3,rho=0.25", CANVAS, CANVAS),
+    "dllm_exact": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "canvas:kr=3,rho=1.0"},
+                   24, "low_confidence", "canvas:kr=3,rho=1.0", 4, CANVAS),
+    "dllm_approx": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "canvas:kr=3,rho=0.25"}, 24,
+                    "threshold:tau=0.6", "canvas:kr=3,rho=0.25", CANVAS, CANVAS),
     "short": ({"dllm_sampler": "threshold:tau=0.6"}, 20, "threshold:tau=0.6", "none", CANVAS, CANVAS),
     # two semi-autoregressive blocks of 4 inside each canvas of 8
     "blocks_low_confidence": ({"dllm_sampler": "low_confidence", "dllm_block_length": 4, "dllm_steps": 2}, 24,
                               "low_confidence", "none", 2, 4),
     "blocks_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": 4,
-                          "dllm_cache": "dllm:kr=2,rho=0.25"}, 24, "threshold:tau=0.6", "dllm:kr=2,rho=0.25", 4, 4),
+                          "dllm_cache": "canvas:kr=2,rho=0.25"}, 24, "threshold:tau=0.6", "canvas:kr=2,rho=0.25", 4, 4),
+    # Fast-dLLM with one-block canvases: each canvas is a generation of its own (prefix refreshed with it)
+    "dual_canvases": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "dual"}, 24,
+                      "low_confidence", "dual", 4, CANVAS),
+    "prefix_canvases": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": 4, "dllm_cache": "prefix"}, 24,
+                        "threshold:tau=0.6", "prefix", 4, 4),
+    "dllm_canvases": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dllm:kp=4,kr=2,rho=0.25"}, 24,
+                      "threshold:tau=0.6", "dllm:kp=4,kr=2,rho=0.25", CANVAS, CANVAS),
 }
 INVALID = {
     "dllm_sampler": {"dllm_sampler": "bogus"},
-    "dllm_cache": {"dllm_cache": "dual"},
+    "dllm_cache": {"dllm_cache": "dual:every=-1"},
     "dllm_steps": {"dllm_steps": 0},
     "dllm_colour": {"dllm_colour": "red"},
     "tau": {"dllm_sampler": "threshold:tau=1.5"},
@@ -81,15 +90,22 @@ def served(request, engines, checkpoints):
 
 
 def reference(model, sampler: str, cache: str, steps: int, block: int = CANVAS) -> list[list[int]]:
-    """dllm_core's canvas policy: canvases of CANVAS positions made of CANVAS // block blocks."""
+    """The embedded engine serving canvases of CANVAS positions made of CANVAS // block blocks: the
+    canvas policy, or a Fast-dLLM policy canvas by canvas."""
     n_blocks = BLOCKS * CANVAS // block
+    pol = host_cache(cache)
+    if isinstance(pol, CanvasCache):
+        pol = replace(pol, blocks=CANVAS // block)
     cfg = GenerationConfig(gen_length=BLOCKS * CANVAS, block_length=block, steps=n_blocks * steps, sampler=sampler,
-                           cache=replace(CanvasCache.from_spec(cache), blocks=CANVAS // block))
-    return generate(model, PROMPTS, cfg).tokens.tolist()
+                           cache=pol)
+    if isinstance(pol, DLLMCache):  # a host request keeps its own step counter (an embedded batch shares one)
+        return [generate_in_canvases(model, [p], cfg, CANVAS).tokens[0].tolist() for p in PROMPTS]
+    return generate_in_canvases(model, PROMPTS, cfg, CANVAS).tokens.tolist()
 
 
 @pytest.mark.parametrize("case", ["low_confidence", "threshold", "slowfast", "factor", "server_default",
-                                  "blocks_low_confidence", "blocks_threshold"])
+                                  "blocks_low_confidence", "blocks_threshold", "dual_canvases", "prefix_canvases",
+                                  "dllm_canvases"])
 def test_greedy_output_equals_canvas_reference(served, case):
     outs, _, model = served
     _, max_tokens, sampler, cache, steps, block = CASES[case]
@@ -101,12 +117,12 @@ def test_dllm_cache_exact_setting_reproduces_uncached_output(served):
     vLLM's cached-layer path (K/V and features taken from the canvas cache, then overwritten)."""
     outs, _, model = served
     assert outs["dllm_exact"] == outs["low_confidence"]
-    assert outs["dllm_exact"] == reference(model, "low_confidence", "dllm:kr=3,rho=1.0", 4)
+    assert outs["dllm_exact"] == reference(model, "low_confidence", "canvas:kr=3,rho=1.0", 4)
 
 
 def test_dllm_cache_approximate_setting_equals_reference(served):
     outs, _, model = served
-    ref = reference(model, "threshold:tau=0.6", "dllm:kr=3,rho=0.25", CANVAS)
+    ref = reference(model, "threshold:tau=0.6", "canvas:kr=3,rho=0.25", CANVAS)
     assert outs["dllm_approx"] == ref
     assert ref != reference(model, "threshold:tau=0.6", "none", CANVAS)  # the cache did change something
 
@@ -120,7 +136,7 @@ def test_max_tokens_inside_a_canvas_truncates_it(served):
 def test_bad_per_request_options_are_rejected_at_admission(served):
     _, errors, _ = served
     assert "extra_args.dllm_sampler" in errors["dllm_sampler"] and "'bogus'" in errors["dllm_sampler"]
-    assert "allowed: ['canvas', 'dllm', 'none']" in errors["dllm_cache"]
+    assert "extra_args.dllm_cache" in errors["dllm_cache"] and "every must be >= 0" in errors["dllm_cache"]
     assert "extra_args.dllm_steps" in errors["dllm_steps"] and ">= 1" in errors["dllm_steps"]
     assert "unknown dllm option" in errors["dllm_colour"]
     assert "tau must be in [0.0, 1.0]" in errors["tau"]

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from dllm_core.cache.canvas import CanvasCache
+from dllm_core.cache import CanvasCache, DLLMCache, DualCache, PrefixCache
 from integrations.vllm.options import DllmOptions, validate_request
 from integrations.vllm.serve import fold_dllm_flags
 
@@ -14,14 +14,18 @@ def test_server_wide_options_from_additional_config():
     o = DllmOptions.from_additional_config({"dllm": {"sampler": "threshold:tau=0.9", "cache": "dllm:kr=4",
                                                      "steps": 16, "seed": 3}})
     assert (o.sampler, o.steps, o.seed) == ("threshold:tau=0.9", 16, 3)
-    assert o.sampler_obj().tau == 0.9 and o.cache_obj() == CanvasCache(kr=4)
+    assert o.sampler_obj().tau == 0.9 and o.cache_obj() == DLLMCache(kr=4)
+    assert DllmOptions(cache="canvas:kr=4").cache_obj() == CanvasCache(kr=4)
     assert DllmOptions.from_additional_config(None) == DllmOptions()
+    assert DllmOptions().cache_obj() == DualCache()  # no option at all: the quality-preserving default
+    assert DllmOptions(cache="prefix:every=4").cache_obj() == PrefixCache(every=4)
     assert DllmOptions.from_additional_config({"other_plugin": 1}) == DllmOptions()
 
 
 @pytest.mark.parametrize("raw, msg", [
     ({"sampler": "nope"}, "--additional-config dllm.sampler: --sampler: unknown policy 'nope'"),
-    ({"cache": "dual"}, "--additional-config dllm.cache: --cache: 'dual' is not available"),
+    ({"cache": "dual:every=x"}, "--additional-config dllm.cache: --cache dual.every"),
+    ({"cache": "bogus"}, "--additional-config dllm.cache: --cache: unknown policy 'bogus'"),
     ({"steps": 0}, "--additional-config dllm.steps: steps must be >= 1"),
     ({"steps": "8"}, "--additional-config dllm.steps must be an integer"),
     ({"speed": 2}, "--additional-config dllm.speed: unknown dllm option; allowed: ['block_length', 'cache', "),
@@ -42,7 +46,7 @@ def test_request_options_override_server_ones():
 
 @pytest.mark.parametrize("xargs, msg", [
     ({"dllm_sampler": "threshold:tau=1.5"}, "extra_args.dllm_sampler: --sampler threshold.tau must be in"),
-    ({"dllm_cache": "prefix"}, "extra_args.dllm_cache: --cache: 'prefix' is not available"),
+    ({"dllm_cache": "prefix:every=-2"}, "extra_args.dllm_cache: --cache prefix.every must be >= 0"),
     ({"dllm_logits_eos_inf": "maybe"}, "extra_args.dllm_logits_eos_inf must be true or false"),
     ({"dllm_temperature": -1}, "extra_args.dllm_temperature: temperature must be >= 0"),
     ({"dllm_seed": 1}, "extra_args.dllm_seed: the seed is server-wide"),
@@ -65,5 +69,5 @@ def test_launcher_folds_dllm_flags_into_additional_config():
     assert argv[:3] == ["MODEL", "--port", "8000"] and argv[3] == "--additional-config"
     assert json.loads(argv[4]) == {"dllm": {"cache": "dllm:kr=4", "sampler": "threshold:tau=0.9", "steps": 16}, "x": 1}
     assert fold_dllm_flags(["MODEL", "--port", "1"]) == ["MODEL", "--port", "1"]
-    with pytest.raises(ValueError, match="dllm.cache: --cache: 'dual' is not available"):
-        fold_dllm_flags(["MODEL", "--dllm-cache", "dual"])
+    with pytest.raises(ValueError, match="dllm.cache: --cache: unknown policy 'duel'"):
+        fold_dllm_flags(["MODEL", "--dllm-cache", "duel"])

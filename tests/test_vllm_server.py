@@ -81,7 +81,7 @@ def test_completion_uses_the_server_wide_sampler(server):
 
 
 def test_per_request_options_through_vllm_xargs(server):
-    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="dllm:kr=2,rho=1.0")
+    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="canvas:kr=2,rho=1.0")
     assert code == 200, body
     assert body["choices"][0]["token_ids"] == reference(server[2], "low_confidence", steps=4)
 
@@ -91,7 +91,7 @@ def test_bad_option_is_a_400_and_the_server_keeps_serving(server):
     assert code == 400
     assert "extra_args.dllm_sampler" in body["error"]["message"] and "tau must be in [0.0, 1.0]" in \
         body["error"]["message"]
-    code, body = complete(server, dllm_cache="prefix")
+    code, body = complete(server, dllm_cache="prefix:every=-1")
     assert code == 400 and "extra_args.dllm_cache" in body["error"]["message"]
     code, body = complete(server)
     assert code == 200 and body["choices"][0]["token_ids"] == reference(server[2], "threshold:tau=0.7")

@@ -14,4 +14,12 @@ def make_cache(spec: "str | CachePolicy") -> CachePolicy:
     return spec if isinstance(spec, CachePolicy) else parse_spec(spec, CACHES, "--cache")
 
 
-__all__ = ["CACHES", "CachePolicy", "CacheState", "Canvas", "CanvasCache", "Counters", "DLLMCache", "DualCache", "PrefixCache", "make_cache"]
+def host_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolicy:
+    """The policy a paged host engine runs for a cache option: Fast-dLLM's ``prefix`` / ``dual`` and
+    dLLM-Cache (``dllm``) as they are (the prefix K/V live in the host's paged cache, recomputed in
+    place at their refreshes), ``none`` / ``canvas:..`` as the block-canvas policy."""
+    pol = spec if isinstance(spec, CachePolicy) else parse_spec(spec, CACHES, option)
+    return pol if isinstance(pol, (PrefixCache, DLLMCache)) else CanvasCache.from_spec(pol, option)
+
+
+__all__ = ["CACHES", "CachePolicy", "CacheState", "Canvas", "CanvasCache", "Counters", "DLLMCache", "DualCache", "PrefixCache", "host_cache", "make_cache"]

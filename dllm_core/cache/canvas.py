@@ -150,7 +150,7 @@ class CanvasCache(FeatureReuse, CachePolicy):
     def from_spec(cls, spec: "str | CachePolicy", option: str = "--cache") -> "CanvasCache":
         """Canvas policy for a host engine's cache option: ``none`` / ``canvas:..`` (exact unless
         kr > 1) or a ``dllm:..`` spec (its response-side knobs; ``kp`` is moot: the prefix is
-        exact). ``prefix`` / ``dual`` are rejected: the committed prefix is always cached exactly."""
+        exact). ``prefix`` / ``dual`` are not canvas policies (``cache.host_cache`` serves them)."""
         from . import CACHES  # late: the registry imports this module
 
         pol = spec if isinstance(spec, CachePolicy) else parse_spec(spec, CACHES, option)
@@ -161,8 +161,7 @@ class CanvasCache(FeatureReuse, CachePolicy):
         if pol.name == "dllm":
             return cls(kr=pol.kr, rho=pol.rho, select=pol.select, metric=pol.metric,
                        first_layer=pol.first_layer, seed=pol.seed)
-        raise ValueError(f"{option}: {pol.name!r} is not available in the block-canvas semantics (the committed "
-                         f"prefix is already cached exactly); allowed: ['canvas', 'dllm', 'none']")
+        raise ValueError(f"{option}: {pol.name!r} is not a block-canvas policy; allowed: ['canvas', 'dllm', 'none']")
 
     @property
     def exact(self) -> bool:

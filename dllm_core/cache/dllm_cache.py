@@ -95,6 +95,12 @@ class DLLMCache(FeatureReuse, CachePolicy):
             check_min(getattr(self, n), 1, f"--cache dllm.{n}")
         self.check_reuse("--cache dllm")
 
+    def recomputes(self, c: int, layer: int, prompt: bool) -> tuple[bool, bool]:
+        """A host's view of ``mode`` for one part of the sequence (the prompt, or the response):
+        (every row of the part recomputed, the response's adaptive V-verify runs)."""
+        m = self.mode(c, layer)
+        return (m in ("full", "prompt"), False) if prompt else (m in ("full", "response"), m == "adaptive")
+
     def mode(self, c: int, layer: int) -> str:
         """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive."""
         if c == 0 or (self.first_layer and layer == 0) or (c % self.kp == 0 and c % self.kr == 0):

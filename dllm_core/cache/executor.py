@@ -23,7 +23,7 @@ A host model supplies the layer in its own vocabulary as ``LayerOps`` (flat rows
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -95,7 +95,7 @@ class CachedRows:
     feats: Features           # [m, L, *] cached features (updated in place)
     recompute: torch.Tensor   # [m, L] bool: positions recomputed regardless
     verify: Sequence[bool]    # [m] host bools: rows whose adaptive pick runs
-    reuse: FeatureReuse
+    reuse: FeatureReuse | None  # None: no adaptive pick (``verify`` all False)
     cand: tuple[int, int]     # region columns [lo, hi) the pick draws from
     dense: bool = False       # rows == arange(N).view(m, L): the features are the forward's own rows
 
@@ -119,9 +119,9 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
     rec = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     for g in groups:
         rec[g.rows.flatten()] = g.recompute.flatten()
-        n = g.reuse.n_update(g.cand[1] - g.cand[0])
         idx = [i for i, v in enumerate(g.verify) if v]
-        if not n or not idx:
+        n = g.reuse.n_update(g.cand[1] - g.cand[0]) if idx else 0
+        if not n:
             continue
         idx = slice(None) if len(idx) == len(g.verify) else torch.tensor(idx, device=x.device)
         new, old = _candidates(ops, x, pos, g, idx)
@@ -192,36 +192,57 @@ class FeatureStore:
 
 
 @dataclass
-class CachedStep:
-    """The canvas-cached requests of one host forward: their canvas rows [m, L] in the forward's
-    flat token rows, their slots [m] in a ``FeatureStore``, their denoise step in the canvas (host
-    ints; 0 = first step of the canvas: every layer recomputes) and their ``CanvasCache`` policies."""
+class Region:
+    """Cached regions of one host forward that share a policy: their rows [m, L] in the forward's
+    flat token rows, their features (rows ``slots`` [m] of ``store``) and what each layer
+    recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``."""
 
     rows: torch.Tensor
     slots: torch.Tensor
-    steps: Sequence[int]
-    policies: Sequence
     store: FeatureStore
-    generator: torch.Generator | None = None
+    reuse: FeatureReuse | None
+    plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
 
-    def __post_init__(self):
+
+class CachedStep:
+    """The cached regions of one host forward; ``layer`` runs one layer over all of its rows."""
+
+    def __init__(self, regions: Sequence[Region], generator: torch.Generator | None = None):
+        self.regions, self.generator = list(regions), generator
+
+    @classmethod
+    def by_policy(cls, rows: torch.Tensor, slots: torch.Tensor, steps: Sequence[int], policies: Sequence,
+                  store: FeatureStore, generator: torch.Generator | None = None,
+                  recompute: torch.Tensor | None = None) -> "CachedStep":
+        """Canvas regions rows [m, L] (slots [m] of ``store``) grouped by policy: a ``CanvasCache``
+        recomputes by its ``full_layer`` schedule at each request's denoise step in the canvas (host
+        ints; 0 = first step: every layer), V-verify elsewhere; any other policy has fixed rows for
+        the whole forward (Fast-dLLM between refreshes: ``recompute`` [m, L])."""
         members: dict = {}
-        for j, p in enumerate(self.policies):
+        for j, p in enumerate(policies):
             members.setdefault(p, []).append(j)
-        dev = self.rows.device
-        # per policy: its requests (host list), their indices [m'], rows [m', L] and slots [m']
-        self.groups = [(pol, js, idx, self.rows[idx], self.slots[idx]) for pol, js in members.items()
-                       for idx in [torch.tensor(js, device=dev)]]
+        regions = []
+        for pol, js in members.items():
+            idx = torch.tensor(js, device=rows.device)
+            if isinstance(pol, FeatureReuse):
+                st = [steps[j] for j in js]
+                plan = (lambda layer, pol=pol, st=st, shape=(len(js), rows.shape[1]):
+                        _full_plan([pol.full_layer(c, layer) for c in st], shape, rows.device))
+            else:
+                plan = (lambda layer, rec=recompute[idx], n=len(js): (rec, [False] * n))
+            regions.append(Region(rows[idx], slots[idx], store, pol if isinstance(pol, FeatureReuse) else None, plan))
+        return cls(regions, generator)
 
     def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
-        groups = []
-        for pol, js, idx, rows, slots in self.groups:
-            full = [pol.full_layer(self.steps[j], layer) for j in js]
-            rec = torch.tensor(full, device=x.device)[:, None].expand_as(rows)
-            groups.append((slots, CachedRows(rows, self.store.gather(layer, slots), rec, [not f for f in full], pol,
-                                             (0, rows.shape[1]))))
-        out = cached_layer(ops, x, pos, [g for _, g in groups], self.generator)
-        for slots, g in groups:
-            self.store.scatter(layer, slots, g.feats)
+        groups = [CachedRows(r.rows, r.store.gather(layer, r.slots), *r.plan(layer), r.reuse, (0, r.rows.shape[1]))
+                  for r in self.regions]
+        out = cached_layer(ops, x, pos, groups, self.generator)
+        for r, g in zip(self.regions, groups):
+            r.store.scatter(layer, r.slots, g.feats)
         return out
+
+
+def _full_plan(full: list[bool], shape, device) -> tuple[torch.Tensor, list[bool]]:
+    """Rows fully recomputed where ``full``, V-verified elsewhere: ([m, L], [m])."""
+    return torch.tensor(full, device=device)[:, None].expand(shape), [not f for f in full]

@@ -37,17 +37,11 @@ class PrefixState(CacheState):
         self._window_run = GraphRunner(self._window, self.use_graphs)
         self.counters.cache_bytes = nbytes(self.kv)
 
-    def row_end(self, fresh: torch.Tensor) -> torch.Tensor:
-        """End of each row's recomputed range: the sequence end (prefix) or the window end (dual)."""
-        return fresh[:, 1] if self.policy.dual else torch.full_like(fresh[:, 1], self.canvas.seq_len)
-
     def hidden(self, x, need, fresh, active=None):
-        T, every = self.canvas.seq_len, self.policy.every
+        T = self.canvas.seq_len
         active = torch.ones_like(self.age, dtype=torch.bool) if active is None else active
-        refresh = active & ((fresh != self.key).any(-1) | ((every > 0) & (self.age >= every)))
-        self.key.copy_(torch.where(active[:, None], fresh, self.key))
-        self.age.copy_(torch.where(refresh, 1, self.age + 1))
-        lo, hi = fresh[:, 0], self.row_end(fresh)
+        refresh = self.policy.refresh(self.key, self.age, fresh, active)
+        lo, hi = fresh[:, 0], self.policy.row_end(fresh, T)
         a_t = lo.masked_fill(~active, T).min().clamp(max=need[0])  # union of the rows' ranges and `need`
         b_t = hi.masked_fill(~active, 0).max().clamp(min=need[1])
         covered = (active & (lo <= a_t) & (hi >= b_t)).all()  # all rows write all of [a, b)
@@ -82,6 +76,28 @@ class PrefixCache(CachePolicy):
 
     def __post_init__(self):
         check_min(self.every, 0, f"--cache {self.name}.every", note=" (0 = refresh only per block)")
+
+    def refresh(self, key: torch.Tensor, age: torch.Tensor, fresh: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        """The refresh rule, per row: a new fresh range or ``every`` steps since the last refresh.
+        key [B, 2] (last fresh range) and age [B] are updated in place; fresh [B, 2]; -> [B] bool."""
+        refresh = active & ((fresh != key).any(-1) | ((self.every > 0) & (age >= self.every)))
+        key.copy_(torch.where(active[:, None], fresh, key))
+        age.copy_(torch.where(refresh, 1, age + 1))
+        return refresh
+
+    def row_end(self, fresh: torch.Tensor, seq_len: int) -> torch.Tensor:
+        """End of each row's recomputed range between refreshes: the window end (dual) or the
+        sequence end (prefix). fresh [B, 2] -> [B]."""
+        return fresh[:, 1] if self.dual else torch.full_like(fresh[:, 1], seq_len)
+
+    def host_rows(self, refresh: bool, lo: int, hi: int, prefix: int, canvas: int) -> tuple[int, int, int]:
+        """A paged host's share of one row's step, its canvas being positions [prefix, prefix + canvas)
+        of the sequence and [lo, hi) its fresh range: -> (first prefix position recomputed - prefix when
+        none, canvas columns [c0, c1) recomputed). A refresh recomputes everything from position 0."""
+        if refresh:
+            return 0, 0, canvas
+        end = hi if self.dual else prefix + canvas
+        return min(lo, prefix), max(lo - prefix, 0), end - prefix
 
 
 @dataclass(frozen=True)

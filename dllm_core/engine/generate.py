@@ -8,7 +8,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..cache import Canvas, Counters
+from ..cache import Canvas, CanvasCache, Counters
 from ..models import DiffusionLM
 from ..sampling import TokenContext
 from .config import GenerationConfig
@@ -113,3 +113,34 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
     return GenerationResult(x[:, P:].clone(), nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts])
+
+
+def generate_in_canvases(model: DiffusionLM, prompts: list[list[int]], cfg: GenerationConfig,
+                         canvas_length: int) -> GenerationResult:
+    """The embedded reference of a paged host that serves ``cfg`` in canvases of ``canvas_length``
+    positions (vLLM's ``canvas_length``): with a Fast-dLLM / uncached policy each canvas is a
+    generation of its own (its blocks decoded inside it) whose prompt is everything before it; the
+    ``canvas`` policy models the canvases itself (its ``blocks`` x ``block_length`` must be the canvas).
+    One canvas holding the whole response is ``generate`` itself."""
+    if canvas_length < 1 or cfg.gen_length % canvas_length or canvas_length % cfg.block_length:
+        raise ValueError(f"canvas_length {canvas_length} must divide gen_length {cfg.gen_length} and be a multiple "
+                         f"of block_length {cfg.block_length}")
+    n = cfg.gen_length // canvas_length
+    if isinstance(cfg.cache, CanvasCache):
+        if cfg.cache.blocks * cfg.block_length != canvas_length:
+            raise ValueError(f"--cache canvas.blocks={cfg.cache.blocks} x block_length {cfg.block_length} is not the "
+                             f"canvas_length {canvas_length}")
+        return generate(model, prompts, cfg)
+    if n == 1:
+        return generate(model, prompts, cfg)
+    sub = replace(cfg, gen_length=canvas_length, steps=cfg.steps // n)
+    seqs, parts, nfe, seconds, counters = [list(p) for p in prompts], [], [0] * len(prompts), 0.0, Counters()
+    for _ in range(n):
+        r = generate(model, seqs, sub)
+        parts.append(r.tokens)
+        seqs = [s + t for s, t in zip(seqs, r.tokens.tolist())]
+        nfe, seconds = [a + b for a, b in zip(nfe, r.nfe)], seconds + r.seconds
+        for f in ("forwards", "token_layers", "v_only", "full_token_layers"):
+            setattr(counters, f, getattr(counters, f) + getattr(r.counters, f))
+        counters.cache_bytes = max(counters.cache_bytes, r.counters.cache_bytes)
+    return GenerationResult(torch.cat(parts, 1), nfe, seconds, counters, [len(p) for p in prompts])

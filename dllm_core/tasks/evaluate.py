@@ -78,15 +78,17 @@ class Batched:
     full_work: int
 
 
-def generate_batched(model, prompts: list[list[int]], cfg, batch_size: int = 8) -> Batched:
-    """``generate`` over consecutive chunks of ``batch_size`` prompts."""
-    from ..engine import generate
+def generate_batched(model, prompts: list[list[int]], cfg, batch_size: int = 8,
+                     canvas_length: int | None = None) -> Batched:
+    """``generate`` over consecutive chunks of ``batch_size`` prompts (``canvas_length``: as a paged
+    host serving canvases of that length, ``generate_in_canvases``)."""
+    from ..engine import generate_in_canvases
 
     if batch_size < 1:
         raise ValueError(f"--batch-size must be >= 1, got {batch_size}")
     out = Batched([], [], 0.0, 0, 0)
     for i in range(0, len(prompts), batch_size):
-        res = generate(model, prompts[i:i + batch_size], cfg)
+        res = generate_in_canvases(model, prompts[i:i + batch_size], cfg, canvas_length or cfg.gen_length)
         out.tokens += res.tokens.tolist()
         out.nfe += res.nfe
         out.seconds += res.seconds

@@ -85,8 +85,8 @@ class FeatureCache:
         slots = fb.req_pool_indices.tolist()
         steps = fb.dllm_input_preparation_state.tolist()  # CPU: no device sync
         rows = torch.arange(B * L, device=h.device).view(B, L)
-        step = CachedStep(rows, self._bind(slots, L, h), [max(c, 0) for c in steps], [self.policy] * B,
-                          self.store, self.gen)
+        step = CachedStep.by_policy(rows, self._bind(slots, L, h), [max(c, 0) for c in steps], [self.policy] * B,
+                                    self.store, self.gen)
         for i, layer in enumerate(self.model.layers):
             h = step.layer(layer.ops(fb), h, positions, i)
         for slot, c in zip(slots, steps):

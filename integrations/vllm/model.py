@@ -15,6 +15,7 @@ response-side cache, dllm_core's ``CachedStep``: the core executor runs those la
 from __future__ import annotations
 
 from collections.abc import Iterable
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -23,6 +24,7 @@ from dllm_core.models import DreamModel, LLaDAModelLM
 
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.layernorm import RMSNorm
@@ -107,6 +109,21 @@ class DiffusionBlock(nn.Module):
         return h + self.ffn(h)
 
 
+@contextmanager
+def _attention_of(ext):
+    """vLLM's attention metadata / slot mapping of the extended batch for the layers' duration."""
+    if ext is None:
+        yield
+        return
+    ctx = get_forward_context()
+    saved = ctx.attn_metadata, ctx.slot_mapping
+    ctx.attn_metadata, ctx.slot_mapping = ext.metadata, ext.slot_mapping
+    try:
+        yield
+    finally:
+        ctx.attn_metadata, ctx.slot_mapping = saved
+
+
 class DllmForDiffusion(nn.Module):
     """Bidirectional masked-diffusion LM over vLLM's paged KV (subclassed per architecture)."""
 
@@ -144,13 +161,24 @@ class DllmForDiffusion(nn.Module):
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
         plan = self.dllm_state.plan if self.dllm_state is not None else None
+        ext = plan.ext if plan is not None else None
+        if ext is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
+            x, positions = self._extend(ext, x, positions)
         cached = plan.cached if plan is not None else None
-        for i, layer in enumerate(self.layers):
-            x = layer(positions, x) if cached is None else cached.layer(layer, x, positions, i)
+        with _attention_of(ext):
+            for i, layer in enumerate(self.layers):
+                x = layer(positions, x) if cached is None else cached.layer(layer, x, positions, i)
         h = self.norm(x)
         if plan is not None and plan.capture_rows is not None:
             self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
-        return h
+        return h if ext is None else h[ext.orig]
+
+    def _extend(self, ext, x: torch.Tensor, positions: torch.Tensor):
+        xe = x.new_empty(ext.n_tokens, x.shape[-1])
+        xe[ext.orig], xe[ext.rows] = x, self.embed(ext.ids)
+        pe = positions.new_empty(ext.n_tokens)
+        pe[ext.orig], pe[ext.rows] = positions, ext.pos.to(positions.dtype)
+        return xe, pe
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)

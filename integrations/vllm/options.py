@@ -1,14 +1,14 @@
 """dLLM options in vLLM's vocabulary: server-wide ``--additional-config '{"dllm": {...}}'`` and
 per request ``SamplingParams.extra_args`` (HTTP ``vllm_xargs``) keys ``dllm_<option>``.
 
-Every value is validated with dllm_core's own parsers (``make_sampler``, ``CanvasCache.from_spec``);
+Every value is validated with dllm_core's own parsers (``make_sampler``, ``cache.host_cache``);
 a bad per-request value fails at admission (HTTP 400) through ``DllmRequestValidator``.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from dllm_core.cache.canvas import CanvasCache
+from dllm_core.cache import CachePolicy, host_cache
 from dllm_core.options import check_value
 from dllm_core.sampling import Sampler, make_sampler
 
@@ -27,7 +27,7 @@ class DllmOptions:
     ``seed``: seeds the server's generator for sampled proposals (server-wide only)."""
 
     sampler: str = "low_confidence"
-    cache: str = "none"
+    cache: str = "dual"  # quality-preserving default: Fast-dLLM's DualCache
     block_length: int | None = None
     steps: int | None = None
     temperature: float = 0.0
@@ -38,7 +38,7 @@ class DllmOptions:
 
     def __post_init__(self):
         make_sampler(self.sampler)
-        CanvasCache.from_spec(self.cache)
+        host_cache(self.cache)
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.block_length is not None:
@@ -85,8 +85,8 @@ class DllmOptions:
     def sampler_obj(self) -> Sampler:
         return make_sampler(self.sampler)
 
-    def cache_obj(self) -> CanvasCache:
-        return CanvasCache.from_spec(self.cache)
+    def cache_obj(self) -> CachePolicy:
+        return host_cache(self.cache)
 
 
 def validate_request(sampling_params) -> None:

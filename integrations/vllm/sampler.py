@@ -98,6 +98,8 @@ class DllmSampler:
         r = torch.as_tensor(rows, dtype=torch.long, device=st.device)
         sampled[r] = torch.where(keep, st.canvas[idx], 0).to(sampled.dtype)
         num_sampled[r] = valid.to(num_sampled.dtype)
+        for s, v, toks in zip(slots[rows], nlog[rows], st.canvas[idx].tolist()):
+            st.tokens[s].extend(toks[:v])  # the prefix a later refresh re-runs
 
     def _denoise(self, rows: np.ndarray, slots, nlog, cu, logits) -> None:
         """One dllm_core sampler step per group of requests sharing a configuration."""
@@ -128,11 +130,7 @@ class DllmSampler:
         x = torch.where(pos < valid[:, None], x, st.pad_id)  # a canvas cut at max_model_len
         win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
-        ss = st.sampler_states(pol)
-        new = st.progress.new[sl]  # host [m]: rows starting a block
-        if new.any():
-            new = torch.as_tensor(new, device=dev)
-            ss.begin_block(idx[new], xw[new] == st.mask_id)
+        ss = st.sampler_states(pol)  # rows starting a block had begin_block before the forward
         state = ss.gather(idx)
         xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
         ss.scatter(idx, state)

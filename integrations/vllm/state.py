@@ -7,6 +7,14 @@ A request goes through vLLM's diffusion pathway as:
 
 The canvas rides vLLM's draft-token path (``req_states.draft_tokens``). ``phase`` says what the
 next scheduled canvas step of a slot is (denoise or commit); the dllm sampler flips it.
+
+Fast-dLLM's ``prefix`` / ``dual`` (dllm_core's ``PrefixCache``): at a refresh step (a new block or
+SlowFast span, or every ``every`` steps) the request's whole paged prefix (prompt + committed
+canvases) is run again *with the masked canvas present*: its rows are added to vLLM's scheduled
+rows (an ``Extension`` of the batch with its own attention metadata), so vLLM's paged attention
+writes the refreshed prefix K/V in place and the canvas rows see them. Between refreshes only the
+policy's rows of the canvas are recomputed (the block or span: ``dual``; from it to the canvas end:
+``prefix``), the other canvas rows reuse their K/V from the ``FeatureStore`` (dllm_core's executor).
 """
 from __future__ import annotations
 
@@ -17,12 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from dllm_core.cache.canvas import CanvasCache
-from dllm_core.cache.executor import CachedStep, FeatureStore
-from dllm_core.engine.step import BlockProgress, SlotStates
+from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache
+from dllm_core.cache.executor import CachedStep, FeatureStore, Region
+from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
-from vllm.v1.worker.gpu.attn_utils import build_attn_metadata
+from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.model_states.interface import ModelState
 
 from .options import SERVED, DllmOptions
@@ -34,10 +42,10 @@ PREFILL, DENOISE, COMMIT = 0, 1, 2
 
 @dataclass(frozen=True)
 class RequestPolicy:
-    """What one request runs with: dllm_core sampler + canvas cache policy + token context knobs."""
+    """What one request runs with: dllm_core sampler + cache policy + token context knobs."""
 
     sampler: Sampler
-    cache: CanvasCache
+    cache: CachePolicy  # CanvasCache (block-canvas, response-side dLLM-Cache) or PrefixCache (Fast-dLLM)
     block_length: int  # semi-AR block inside the canvas
     steps: int  # per block (fixed-schedule samplers)
     temperature: float
@@ -60,6 +68,24 @@ class RequestPolicy:
                    opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id)
 
     @property
+    def fast_dllm(self) -> bool:
+        return isinstance(self.cache, PrefixCache)
+
+    @property
+    def dllm_cache(self) -> bool:
+        return isinstance(self.cache, DLLMCache)
+
+    @property
+    def refreshes_prefix(self) -> bool:
+        """Whether steps recompute the paged prefix with the canvas present (Fast-dLLM, dLLM-Cache)."""
+        return self.fast_dllm or self.dllm_cache
+
+    @property
+    def cached(self) -> bool:
+        """Whether canvas rows reuse features between steps (a ``FeatureStore`` slot)."""
+        return self.refreshes_prefix or not self.cache.exact
+
+    @property
     def group(self) -> tuple:
         """Requests sharing this key run one batched sampler call."""
         return (self.sampler, self.block_length, self.steps, self.temperature, self.top_p, self.top_k,
@@ -67,12 +93,29 @@ class RequestPolicy:
 
 
 @dataclass
+class Extension:
+    """Prefix rows a step recomputes beside vLLM's scheduled rows (Fast-dLLM refreshes, Dream's
+    shifted row): per request the rows [its extra prefix positions ; its scheduled tokens]."""
+
+    n_tokens: int               # rows of the extended batch
+    qsl: np.ndarray             # [n + 1] query start of each request in it
+    orig: torch.Tensor          # [N] row of each scheduled token
+    rows: torch.Tensor          # [E] rows of the extra prefix positions
+    ids: torch.Tensor           # [E] their token ids
+    pos: torch.Tensor           # [E] their positions
+    extra: np.ndarray           # [n] extra rows per request (host)
+    metadata: dict | None = None      # per-layer attention metadata of the extended batch
+    slot_mapping: dict | None = None  # per-layer slot mapping of the extended batch
+
+
+@dataclass
 class StepPlan:
-    """Set on the model right before each forward."""
+    """Set on the model right before each forward (rows in the extended batch when ``ext`` is set)."""
 
     capture_rows: torch.Tensor | None = None   # [k] rows whose final hidden state is kept (Dream)
     capture_slots: torch.Tensor | None = None  # [k]
     cached: CachedStep | None = None
+    ext: Extension | None = None
 
 
 class DllmStates:
@@ -91,30 +134,37 @@ class DllmStates:
         self.phase = np.zeros(max_reqs, dtype=np.int8)
         self.progress = BlockProgress(max_reqs)  # block of the canvas, denoise steps in it
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
+        self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
+        self.fd_key = torch.full((max_reqs, 2), -1, dtype=torch.long)  # Fast-dLLM refresh rule (host)
+        self.fd_age = torch.zeros(max_reqs, dtype=torch.long)
         self.slot_states: dict[tuple, SlotStates] = {}
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
         self.features: FeatureStore | None = None
+        self.prompt_features: dict[int, FeatureStore] = {}  # dLLM-Cache: features of a slot's prefix rows
         self.feature_shape = None  # (n_layers, kv_size) set by the ModelState
         self.generator = torch.Generator(device).manual_seed(self.defaults.seed)
         self.plan: StepPlan | None = None
         self.tp = vllm_config.parallel_config.tensor_parallel_size
 
-    def add(self, slot: int, sampling_params) -> None:
+    def add(self, slot: int, sampling_params, prompt: list[int]) -> None:
         opts = self.defaults.with_request(getattr(sampling_params, "extra_args", None))
         pol = RequestPolicy.resolve(opts, sampling_params, self.canvas_len)
-        if not pol.cache.exact and self.tp > 1:
+        if pol.cached and not pol.fast_dllm and self.tp > 1:  # V-verify picks per shard would differ
             logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         self.policy[slot] = pol
         self.phase[slot] = PREFILL
+        self.tokens[slot] = list(prompt)
+        self.fd_key[slot], self.fd_age[slot] = -1, 0
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
-        if not pol.cache.exact and self.features is None:
+        if pol.cached and self.features is None:
             n_layers, kv_size = self.feature_shape
             self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
                                          self.last_hidden)
 
     def remove(self, slot: int) -> None:
         self.policy[slot] = None
+        self.prompt_features.pop(slot, None)
         self.phase[slot] = PREFILL
 
     def sampler_states(self, pol: RequestPolicy) -> SlotStates:
@@ -158,7 +208,7 @@ class DllmModelState(ModelState):
 
     def add_request(self, req_index: int, new_req_data) -> None:
         self._req_slot[new_req_data.req_id] = req_index
-        self.states.add(req_index, new_req_data.sampling_params)
+        self.states.add(req_index, new_req_data.sampling_params, new_req_data.prompt_token_ids or [])
 
     def remove_request(self, req_id: str) -> None:
         slot = self._req_slot.pop(req_id, None)
@@ -169,50 +219,163 @@ class DllmModelState(ModelState):
         return None
 
     def prepare_inputs(self, input_batch, req_states) -> dict[str, Any]:
-        self.states.plan = self._plan(input_batch)
-        return {}
+        return {}  # the step's plan was made in prepare_attn (it runs first)
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
         self.states.plan = None
         return {}
 
+    # ---- the step's plan ------------------------------------------------------------------------
     def _plan(self, ib) -> StepPlan:
         st, n = self.states, ib.num_reqs
         slots = ib.idx_mapping_np[:n]
-        qsl = ib.query_start_loc_np
+        qlen = np.diff(ib.query_start_loc_np[:n + 1])
+        known = np.array([st.policy[s] is not None for s in slots], dtype=bool)  # dummy runs have none
         ndraft = ib.num_draft_tokens_per_req if ib.num_draft_tokens_per_req is not None else np.zeros(n, np.int32)
-        is_canvas = ndraft[:n] > 0
-        done_prefill = ~is_canvas & (ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n]
-                                     >= ib.prefill_len_np[:n])
-        plan = StepPlan()
-        if self.model.shift_logits:
-            cap = np.flatnonzero(done_prefill | (is_canvas & (st.phase[slots] == COMMIT)))
+        is_canvas = known & (ndraft[:n] > 0)
+        done_prefill = known & ~is_canvas & (ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n]
+                                             >= ib.prefill_len_np[:n])
+        denoise, commit = is_canvas & (st.phase[slots] == DENOISE), is_canvas & (st.phase[slots] == COMMIT)
+        self._begin_blocks(slots[denoise])
+        pol = [st.policy[s] if k else None for s, k in zip(slots, known)]
+        fast = np.array([p is not None and p.fast_dllm for p in pol], dtype=bool)
+        dcache = np.array([p is not None and p.dllm_cache for p in pol], dtype=bool)
+        whole = qlen == st.canvas_len  # a canvas cut at max_model_len runs exact
+        prefix = ib.num_computed_tokens_np[:n]
+        extra, fixed = np.zeros(n, dtype=np.int64), {}
+        for i in np.flatnonzero(fast & whole & denoise):
+            extra[i], fixed[i] = self._fast_dllm_rows(int(slots[i]), int(prefix[i]))
+        extra[dcache & whole & denoise] = prefix[dcache & whole & denoise]  # dLLM-Cache: the prefix in every step
+        for i in np.flatnonzero((fast | dcache) & whole & commit):  # emitted as is; refreshed with the next canvas
+            fixed[i] = (0, 0)
+        ext = self._extension(ib, slots, qlen, extra) if extra.any() else None
+        start = ext.qsl if ext is not None else ib.query_start_loc_np  # request starts in the forward's rows
+        plan = StepPlan(ext=ext)
+        if self.model.shift_logits:  # Dream: the last prefix row predicts the first canvas position
+            cap = np.flatnonzero(done_prefill | (commit & ~fast & ~dcache) | (extra > 0))
             if len(cap):
-                plan.capture_rows = torch.as_tensor(qsl[cap + 1] - 1, dtype=torch.long, device=self.device)
-                plan.capture_slots = torch.as_tensor(slots[cap], dtype=torch.long, device=self.device)
-        cached = [i for i in np.flatnonzero(is_canvas & (st.phase[slots] == DENOISE))
-                  if st.policy[slots[i]] is not None and not st.policy[slots[i]].cache.exact
-                  and qsl[i + 1] - qsl[i] == st.canvas_len]  # a canvas cut at max_model_len runs exact
-        if cached:
-            cached = np.array(cached)
-            rows = torch.as_tensor(qsl[cached][:, None] + np.arange(st.canvas_len), dtype=torch.long,
-                                   device=self.device)
-            plan.cached = CachedStep(rows, torch.as_tensor(slots[cached], dtype=torch.long, device=self.device),
-                                     st.progress.steps[slots[cached]].tolist(), [st.policy[s].cache for s in slots[cached]],
-                                     st.features, st.generator)
+                plan.capture_rows = self._rows(start[cap] + np.where(extra[cap] > 0, extra[cap], qlen[cap]) - 1)
+                plan.capture_slots = self._rows(slots[cap])
+        canvas = start[:n] + extra  # first canvas row of each request
+        regions = []
+        members = [i for i in np.flatnonzero(denoise & whole & ~fast & ~dcache) if pol[i].cached]
+        if members:  # block-canvas dLLM-Cache
+            members = np.array(members)
+            regions += CachedStep.by_policy(self._canvas_rows(canvas[members]), self._rows(slots[members]),
+                                            st.progress.steps[slots[members]].tolist(),
+                                            [pol[i].cache for i in members], st.features).regions
+        if fixed:  # Fast-dLLM between refreshes, committed canvases
+            members = np.array(sorted(fixed))
+            rec = torch.zeros(len(members), st.canvas_len, dtype=torch.bool)
+            for j, i in enumerate(members):
+                rec[j, fixed[i][0]:fixed[i][1]] = True
+            rec = rec.to(self.device)
+            regions.append(Region(self._canvas_rows(canvas[members]), self._rows(slots[members]), st.features, None,
+                                  lambda layer, rec=rec: (rec, [False] * rec.shape[0])))
+        for i in np.flatnonzero(dcache & whole & denoise):
+            regions += self._dllm_cache_regions(i, int(slots[i]), int(start[i]), int(extra[i]))
+        if regions:
+            plan.cached = CachedStep(regions, st.generator)
         return plan
 
+    def _canvas_rows(self, first: np.ndarray) -> torch.Tensor:
+        return self._rows(first[:, None] + np.arange(self.states.canvas_len))  # [m, L]
+
+    def _dllm_cache_regions(self, i: int, slot: int, start: int, prefix: int) -> list[Region]:
+        """dLLM-Cache for one request: its prefix rows and its canvas rows, each recomputed per layer by
+        ``DLLMCache.recomputes`` at the request's step (the prefix's features live per request)."""
+        st = self.states
+        pol = st.policy[slot].cache
+        c = int(st.progress.block_steps[slot] if pol.per_block else st.progress.steps[slot])
+        store = st.prompt_features.get(slot)
+        if c == 0 or store is None or store.length != prefix:  # a full step: nothing stale is read
+            n_layers, kv = st.feature_shape
+            store = st.prompt_features[slot] = FeatureStore(n_layers, 1, prefix, kv, st.args.dim, st.last_hidden)
+        one = self._rows([0])
+
+        def plan(layer, prompt, L):
+            full, verify = pol.recomputes(c, layer, prompt)
+            return torch.full((1, L), full, dtype=torch.bool, device=self.device), [verify]
+
+        return [Region(self._rows([[start + j for j in range(prefix)]]), one, store, None,
+                       lambda layer: plan(layer, True, prefix)),
+                Region(self._canvas_rows(np.array([start + prefix])), self._rows([slot]), st.features, pol,
+                       lambda layer: plan(layer, False, st.canvas_len))]
+
+    def _rows(self, a) -> torch.Tensor:
+        return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
+
+    def _begin_blocks(self, slots: np.ndarray) -> None:
+        """``Sampler.begin_block`` for the requests whose next step starts a block."""
+        st = self.states
+        for s in slots[st.progress.new[slots]]:
+            pol, b = st.policy[s], st.progress.block[s]
+            idx = self._rows([s])
+            blk = st.canvas[idx, b * pol.block_length:(b + 1) * pol.block_length]
+            st.sampler_states(pol).begin_block(idx, blk == st.mask_id)
+        st.progress.new[slots] = False
+
+    def _fast_dllm_rows(self, slot: int, prefix: int) -> tuple[int, tuple[int, int]]:
+        """One Fast-dLLM request's step: (prefix rows recomputed, canvas columns recomputed)."""
+        st = self.states
+        pol, b = st.policy[slot], int(st.progress.block[slot])
+        Lb, shift = pol.block_length, int(self.model.shift_logits)
+        idx = self._rows([slot])
+        blk = st.canvas[idx, b * Lb:(b + 1) * Lb]
+        flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
+        s0 = prefix + b * Lb
+        fresh = torch.tensor([[s0 + int(flo) - shift, s0 + int(fhi)]])
+        key, age = st.fd_key[slot:slot + 1], st.fd_age[slot:slot + 1]
+        refresh = bool(pol.cache.refresh(key, age, fresh, torch.ones(1, dtype=torch.bool)))  # updates key, age
+        a, c0, c1 = pol.cache.host_rows(refresh, *fresh[0].tolist(), prefix, st.canvas_len)
+        return prefix - a, (c0, c1)
+
+    def _extension(self, ib, slots, qlen, extra) -> Extension:
+        """The batch with each request's extra prefix rows placed before its scheduled rows."""
+        st, n = self.states, len(slots)
+        qsl = np.concatenate([[0], np.cumsum(extra + qlen)])
+        orig = np.concatenate([np.arange(qsl[i] + extra[i], qsl[i + 1]) for i in range(n)])
+        who = np.flatnonzero(extra)
+        rows = np.concatenate([np.arange(qsl[i], qsl[i] + extra[i]) for i in who])
+        pos = np.concatenate([np.arange(ib.num_computed_tokens_np[i] - extra[i], ib.num_computed_tokens_np[i])
+                              for i in who])
+        ids = np.concatenate([st.tokens[slots[i]][ib.num_computed_tokens_np[i] - extra[i]:ib.num_computed_tokens_np[i]]
+                              for i in who])
+        return Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), self._rows(ids),
+                         self._rows(pos), extra)
+
+    # ---- attention metadata ---------------------------------------------------------------------
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
                      for_capture=False, ubatch_idx: int = 0) -> dict[str, Any]:
-        num_reqs, num_tokens = input_batch.num_reqs, input_batch.num_tokens
+        ib, num_reqs = input_batch, input_batch.num_reqs
+        self.states.plan = plan = None if for_capture else self._plan(ib)
         # Per-request causal flag (CPU_ATTN / FlashAttention): 0 for every LLaDA / Dream step.
         causal = self._causal[:num_reqs]
+        common = dict(attn_groups=attn_groups, num_reqs=num_reqs, seq_lens=ib.seq_lens, max_seq_len=self.max_model_len,
+                      block_tables=block_tables, kv_cache_config=kv_cache_config, causal=causal)
+        if plan is not None and plan.ext is not None:
+            ext = plan.ext
+            ext_slots = self._ext_slots(ib, ext, block_tables, slot_mappings, kv_cache_config)
+            ext.metadata = build_attn_metadata(
+                num_tokens=ext.n_tokens, query_start_loc_gpu=torch.as_tensor(ext.qsl, device=self.device),
+                query_start_loc_cpu=torch.from_numpy(ext.qsl), max_query_len=int(np.diff(ext.qsl).max()),
+                slot_mappings=ext_slots, **common)
+            ext.slot_mapping = build_slot_mappings_by_layer(ext_slots, kv_cache_config)
         return build_attn_metadata(
-            attn_groups=attn_groups, num_reqs=num_reqs, num_tokens=num_tokens,
-            query_start_loc_gpu=input_batch.query_start_loc,
-            query_start_loc_cpu=torch.from_numpy(input_batch.query_start_loc_np),
-            max_query_len=int(input_batch.num_scheduled_tokens.max()), seq_lens=input_batch.seq_lens,
-            max_seq_len=self.max_model_len, block_tables=block_tables, slot_mappings=slot_mappings,
-            kv_cache_config=kv_cache_config, causal=causal)
+            num_tokens=ib.num_tokens, query_start_loc_gpu=ib.query_start_loc,
+            query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
+            max_query_len=int(ib.num_scheduled_tokens.max()), slot_mappings=slot_mappings, **common)
+
+    def _ext_slots(self, ib, ext: Extension, block_tables, slot_mappings, kv_cache_config) -> torch.Tensor:
+        """Paged slots [groups, n_tokens] of the extended batch: vLLM's for the scheduled rows, from
+        the block table for the extra prefix rows (positions already held by the request)."""
+        n = ib.num_reqs
+        req = torch.as_tensor(np.repeat(np.arange(n), ext.extra), dtype=torch.long, device=self.device)
+        out = slot_mappings.new_empty(slot_mappings.shape[0], ext.n_tokens)
+        for g, (bt, group) in enumerate(zip(block_tables, kv_cache_config.kv_cache_groups)):
+            bs = group.kv_cache_spec.block_size
+            out[g, ext.orig] = slot_mappings[g, :ib.num_tokens]
+            out[g, ext.rows] = (bt[req, ext.pos // bs] * bs + ext.pos % bs).to(out.dtype)
+        return out
 
     num_new_sampled_tokens_per_step: int = 0

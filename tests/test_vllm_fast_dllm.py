@@ -1,0 +1,93 @@
+"""Fast-dLLM's ``prefix`` / ``dual`` caches and dLLM-Cache served by the real vLLM engine (diffusion pathway, CPU
+harness) equal the embedded engine with the same policy, token for token.
+
+The engine serves the whole response as one canvas (``canvas_length`` 24, blocks of 8 inside it):
+the prompt's K/V are recomputed with the masked response present at every refresh (extra prefix
+rows beside vLLM's scheduled rows, written into the paged cache in place), the masked suffix takes
+part in every step, and between refreshes the executor reuses the canvas rows outside the policy's
+window. One engine per architecture (module fixture), every case in one concurrent batch. The
+one-block canvas (``canvas_length`` 8) is covered by ``test_vllm_engine.py`` (chained reference).
+"""
+import pytest
+
+from dllm_core import GenerationConfig, generate, load_model
+
+pytest.importorskip("vllm")
+from vllm_harness.jobs import ENGINE, finish_engine, start_engine, stop, tiny_checkpoint  # noqa: E402
+
+PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
+           [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
+GEN, BLOCK = 24, 8
+# name -> (extra_args, reference sampler, reference cache, block length, steps per block)
+CASES = {
+    "no_options": ({}, "low_confidence", "dual", GEN, GEN),  # the server's default policy
+    "dual_low_confidence": ({"dllm_block_length": BLOCK, "dllm_steps": 4}, "low_confidence", "dual", BLOCK, 4),
+    "dual_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK}, "threshold:tau=0.6",
+                       "dual", BLOCK, BLOCK),
+    "dual_slowfast": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK}, "slowfast", "dual", BLOCK, BLOCK),
+    "dual_every": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dual:every=2", "dllm_block_length": BLOCK},
+                   "threshold:tau=0.6", "dual:every=2", BLOCK, BLOCK),
+    "prefix_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "prefix", "dllm_block_length": BLOCK},
+                         "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
+    "prefix_factor": ({"dllm_sampler": "factor", "dllm_cache": "prefix", "dllm_block_length": 4},
+                      "factor", "prefix", 4, 4),
+    "dual_exact": ({"dllm_cache": "dual:every=1", "dllm_block_length": BLOCK, "dllm_steps": 4},
+                   "low_confidence", "none", BLOCK, 4),
+    # dLLM-Cache: prompt every kp steps, response every kr, V-verify in between (counter across blocks)
+    "dllm_low_confidence": ({"dllm_cache": "dllm:kp=5,kr=2,rho=0.25", "dllm_block_length": BLOCK, "dllm_steps": 4},
+                            "low_confidence", "dllm:kp=5,kr=2,rho=0.25", BLOCK, 4),
+    "dllm_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
+                        "dllm_cache": "dllm:kp=3,kr=2,rho=0.5,first_layer=false"}, "threshold:tau=0.6",
+                       "dllm:kp=3,kr=2,rho=0.5,first_layer=false", BLOCK, BLOCK),
+    "dllm_per_block": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK,
+                        "dllm_cache": "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true"}, "slowfast",
+                       "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true", BLOCK, BLOCK),
+    "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 4},
+                   "low_confidence", "none", BLOCK, 4),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {a: tiny_checkpoint(tmp_path_factory.mktemp(f"vllm_fd_{a}"), a) for a in ("llada", "dream")}
+
+
+@pytest.fixture(scope="module")
+def engines(checkpoints):
+    batch = [{"prompt_token_ids": p, "params": {"max_tokens": GEN, "ignore_eos": True, "extra_args": xa}}
+             for xa, *_ in CASES.values() for p in PROMPTS]
+    engine = {**ENGINE, "diffusion_config": {"canvas_length": GEN}}
+    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch]}) for a, d in checkpoints.items()}
+    yield procs
+    for p in procs.values():
+        stop(p)
+
+
+@pytest.fixture(scope="module", params=["llada", "dream"])
+def served(request, engines, checkpoints):
+    outs = finish_engine(engines[request.param])["batches"][0]
+    n = len(PROMPTS)
+    return {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}, load_model(checkpoints[request.param])
+
+
+def reference(model, sampler: str, cache: str, block: int, steps: int) -> list[list[int]]:
+    """The embedded engine, one request at a time: a host request keeps its own dLLM-Cache step
+    counter, while an embedded batch shares one (lock step) and differs once rows finish blocks at
+    different steps."""
+    cfg = GenerationConfig(gen_length=GEN, block_length=block, steps=GEN // block * steps, sampler=sampler, cache=cache)
+    return [generate(model, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_greedy_output_equals_embedded_policy(served, case):
+    outs, model = served
+    _, sampler, cache, block, steps = CASES[case]
+    assert outs[case] == reference(model, sampler, cache, block, steps)
+
+
+def test_the_caches_change_the_output(served):
+    """The equalities above are not vanilla in disguise: between refreshes the cached rows differ."""
+    outs, model = served
+    vanilla = reference(model, "threshold:tau=0.6", "none", BLOCK, BLOCK)
+    assert outs["dual_threshold"] != vanilla or outs["prefix_threshold"] != vanilla
+    assert outs["dllm_threshold"] != vanilla
