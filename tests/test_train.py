@@ -132,3 +132,94 @@ def test_trainer_configs_share_one_validation(kw, msg):
 def test_model_size_errors_name_the_cli_option(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--layers", "0"]) == 2
     assert "--layers must be >= 1, got 0" in capsys.readouterr().err
+
+
+DREAM_TINY = ["--arch", "dream", "--tasks", "arithmetic;sort", "--batch", "3,3", "--dim", "32", "--layers", "2",
+              "--heads", "2", "--kv-heads", "1", "--ffn", "64", "--max-len", "256", "--warmup", "2",
+              "--save-dtype", "float32"]
+
+
+def test_mdm_dream_checkpoint_is_a_dream_checkpoint(tmp_path, capsys):
+    """--arch dream: a real-layout Dream checkpoint (Qwen2 key names, QKV biases, the task tokenizer's
+    special ids) that the loader, transformers' config class and the engine take."""
+    from dllm_core import load_model
+    from dllm_core.models import DreamModel
+    from dllm_core.models.hf_config import DreamConfig
+
+    assert main(["train-mdm", "--out", str(tmp_path), *DREAM_TINY, "--steps", "2"]) == 0
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    assert cfg["architectures"] == ["DreamModel"] and cfg["model_type"] == "Dream"
+    assert (cfg["mask_token_id"], cfg["eos_token_id"], cfg["pad_token_id"], cfg["bos_token_id"]) == (5, 1, 1, 0)
+    assert DreamConfig(**cfg).num_key_value_heads == 1
+    sd = load_file(tmp_path / "model.safetensors")
+    assert {"model.layers.1.self_attn.q_proj.bias", "model.layers.1.mlp.gate_proj.weight", "lm_head.weight"} <= set(sd)
+    m = load_model(tmp_path)
+    assert isinstance(m, DreamModel) and m.shift_logits and m.args.n_kv_heads == 1
+    capsys.readouterr()
+    assert main(["generate", "--model", str(tmp_path), "--prompt", "Sort: 3 1", "--chat", "--gen-length", "8",
+                 "--block-length", "8", "--steps", "8", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["nfe"] == 8
+
+
+def test_dream_init_from_llada_and_arch_is_validated(tmp_path, capsys):
+    """--init maps a LLaDA checkpoint into the Dream model (zero QKV biases: the same hidden states);
+    --arch is checked and part of a resumable run's identity."""
+    from dllm_core import load_model
+    from dllm_core.train.common import setup
+    from dllm_core.train.config import MDMTrainConfig
+    from dllm_core.train.mdm import build
+
+    llada = tmp_path / "llada"
+    train(llada, "--steps", "1", "--kv-heads", "1")
+    cfg = MDMTrainConfig(out=str(tmp_path / "d"), arch="dream", init=str(llada), tasks="sort", batch="2", dim=32,
+                         n_layers=2, n_heads=2, n_kv_heads=1, ffn=64, max_len=256)
+    model, hf = build(cfg, setup(cfg)[1])
+    src, x = load_model(llada), torch.randint(6, 300, (2, 12))
+    pos = torch.arange(12).expand(2, 12)
+    with torch.no_grad():
+        torch.testing.assert_close(model(x, pos, None), src(x, pos, None))
+    assert hf["architectures"] == ["DreamModel"] and hf["mask_token_id"] == src.args.mask_token_id
+    assert main(["train-mdm", "--out", str(tmp_path / "e"), *DREAM_TINY, "--steps", "2", "--arch", "bert"]) == 2
+    assert "--arch must be one of ['llada', 'dream'], got 'bert'" in capsys.readouterr().err
+    assert main(["train-mdm", "--out", str(tmp_path / "f"), *DREAM_TINY, "--steps", "4", "--time-limit", "1e-9"]) == 0
+    assert main(["train-mdm", "--out", str(tmp_path / "f"), *DREAM_TINY, "--steps", "4", "--resume",
+                 "--arch", "llada"]) == 2
+    assert "was written with different settings (arch)" in capsys.readouterr().err
+
+
+def test_dream_loss_reads_the_shifted_rows_and_learns(dream):
+    """Dream's loss for a masked position i is the CE of logit row i - 1 (the engine's reading, the
+    first response token from the last prompt row), 1/t-weighted and normalised by G; a few optimizer
+    steps on it lower it."""
+    import copy
+
+    import torch.nn.functional as F
+
+    from dllm_core.train.mdm import mdm_loss, noise_levels
+
+    model = copy.deepcopy(dream).requires_grad_(True).train()
+    B, P, T, mask = 6, 5, 13, model.args.mask_token_id
+    x = torch.randint(6, 60, (B, T))
+    keep = torch.ones(B, T, dtype=torch.bool)
+    keep[:3, :2] = False  # left padding
+    pos = (keep.cumsum(-1) - 1).clamp_min(0)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(3))
+    gen = torch.Generator().manual_seed(3)  # the same draws, in mdm_loss's order
+    t = noise_levels(B, gen, "cpu")
+    torch.rand(B, 1, generator=gen)
+    masked = (torch.rand(B, T, generator=gen) < t) & (torch.arange(T) >= P)
+    with torch.no_grad():
+        logits = model(x.masked_fill(masked, mask), pos, keep[:, None, None])  # raw rows [B, T, V]
+    ce = F.cross_entropy(logits[:, P - 1:T - 1].flatten(0, 1), x[:, P:].flatten(), reduction="none").view(B, -1)
+    want = ((ce * masked[:, P:] / t).sum(1) / (T - P)).mean()
+    torch.testing.assert_close(loss, want)
+
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    losses = []
+    for step in range(12):
+        loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(step % 2))
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert losses[-2] + losses[-1] < 0.8 * (losses[0] + losses[1]), losses

@@ -9,7 +9,7 @@ import torch
 from dllm_core.tasks import Arithmetic, Sort
 
 ROOT = Path(__file__).resolve().parents[1] / "models"
-LLADA, QWEN = ROOT / "llada-tasks", ROOT / "qwen3-tasks"
+LLADA, DREAM, QWEN = ROOT / "llada-tasks", ROOT / "dream-tasks", ROOT / "qwen3-tasks"
 N = 40  # test examples per task (the full 200-example numbers are in models/README.md)
 
 
@@ -32,6 +32,25 @@ def test_llada_layout_and_accuracy():
     assert cfg["architectures"] == ["LLaDAModelLM"] and cfg["model_type"] == "llada"
     assert isinstance(load_model(LLADA), torch.nn.Module)
     runs = evaluate(LLADA, [Arithmetic(), Sort()], n=N, batch_size=N)
+    for name, r in runs.items():
+        assert r.accuracy >= 0.9, (name, r.accuracy, list(zip(r.texts, [e.answer for e in r.examples]))[:5])
+        assert r.nfe == [r.task.gen_length] * N  # the vanilla loop: one token per step
+
+
+@need(DREAM)
+def test_dream_layout_and_accuracy():
+    """The Dream-architecture task model (shifted logits) with the embedded engine's vanilla loop."""
+    from dllm_core import load_model
+    from dllm_core.models import DreamModel
+    from dllm_core.tasks.evaluate import evaluate
+
+    cfg = json.loads((DREAM / "config.json").read_text())
+    assert cfg["architectures"] == ["DreamModel"] and cfg["model_type"] == "Dream"
+    assert cfg["torch_dtype"] == "bfloat16" and cfg["mask_token_id"] == 5
+    model = load_model(DREAM)
+    assert isinstance(model, DreamModel) and model.shift_logits
+    assert sum(f.stat().st_size for f in DREAM.iterdir()) < 10 * 2**20
+    runs = evaluate(DREAM, [Arithmetic(), Sort()], n=N, batch_size=N)
     for name, r in runs.items():
         assert r.accuracy >= 0.9, (name, r.accuracy, list(zip(r.texts, [e.answer for e in r.examples]))[:5])
         assert r.nfe == [r.task.gen_length] * N  # the vanilla loop: one token per step

@@ -127,10 +127,13 @@ def test_dllm_cache_approximate_setting_equals_reference(served):
     assert ref != reference(model, "threshold:tau=0.6", "none", CANVAS)  # the cache did change something
 
 
-def test_max_tokens_inside_a_canvas_truncates_it(served):
+def test_max_tokens_inside_a_canvas_cuts_the_canvas(served):
+    """No position past max_tokens is scheduled (``DllmScheduler``): the last canvas holds the 4
+    positions left; the canvases before it are the reference's (later canvases never change them)."""
     outs, _, model = served
     full = reference(model, "threshold:tau=0.6", "none", CANVAS)
-    assert outs["short"] == [r[:20] for r in full]
+    assert [r[:16] for r in outs["short"]] == [r[:16] for r in full]
+    assert all(len(r) == 20 and model.args.mask_token_id not in r for r in outs["short"])
 
 
 def test_bad_per_request_options_are_rejected_at_admission(served):

@@ -18,7 +18,7 @@ from vllm_harness.jobs import ENGINE, finish_engine, start_engine, stop, tiny_ch
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 GEN, BLOCK = 24, 8
-# name -> (extra_args, reference sampler, reference cache, block length, steps per block)
+# name -> (extra_args, reference sampler, reference cache, block length, steps per block[, max_tokens])
 CASES = {
     "no_options": ({}, "low_confidence", "dual", GEN, GEN),  # the server's default policy
     "dual_low_confidence": ({"dllm_block_length": BLOCK, "dllm_steps": 4}, "low_confidence", "dual", BLOCK, 4),
@@ -44,7 +44,18 @@ CASES = {
                        "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true", BLOCK, BLOCK),
     "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 4},
                    "low_confidence", "none", BLOCK, 4),
+    # streaming: each block is emitted when decoded; the next canvas is the rest of the response
+    "dual_stream": ({"dllm_block_length": BLOCK, "dllm_steps": 4, "dllm_stream": True}, "low_confidence", "dual",
+                    BLOCK, 4),
+    "dual_stream_slowfast": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK, "dllm_stream": True},
+                             "slowfast", "dual", BLOCK, BLOCK),
+    "prefix_stream": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "prefix", "dllm_block_length": BLOCK,
+                       "dllm_stream": True}, "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
+    # max_tokens 16 < canvas_length 24: the canvas is cut at max_tokens (gen_length 16)
+    "dual_max_tokens": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK}, "threshold:tau=0.6",
+                        "dual", BLOCK, BLOCK, 16),
 }
+INVALID = {"stream_needs_fast_dllm": {"dllm_stream": True, "dllm_cache": "none"}}
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +65,12 @@ def checkpoints(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def engines(checkpoints):
-    batch = [{"prompt_token_ids": p, "params": {"max_tokens": GEN, "ignore_eos": True, "extra_args": xa}}
-             for xa, *_ in CASES.values() for p in PROMPTS]
+    batch = [{"prompt_token_ids": p, "params": {"max_tokens": gen_of(case), "ignore_eos": True, "extra_args": case[0]}}
+             for case in CASES.values() for p in PROMPTS]
+    invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}} for xa in INVALID.values()]
     engine = {**ENGINE, "diffusion_config": {"canvas_length": GEN}}
-    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch]}) for a, d in checkpoints.items()}
+    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid})
+             for a, d in checkpoints.items()}
     yield procs
     for p in procs.values():
         stop(p)
@@ -65,29 +78,39 @@ def engines(checkpoints):
 
 @pytest.fixture(scope="module", params=["llada", "dream"])
 def served(request, engines, checkpoints):
-    outs = finish_engine(engines[request.param])["batches"][0]
-    n = len(PROMPTS)
-    return {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}, load_model(checkpoints[request.param])
+    res = finish_engine(engines[request.param])
+    outs, n = res["batches"][0], len(PROMPTS)
+    per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    return per_case, load_model(checkpoints[request.param]), dict(zip(INVALID, res["invalid"]))
 
 
-def reference(model, sampler: str, cache: str, block: int, steps: int) -> list[list[int]]:
+def gen_of(case) -> int:
+    return case[5] if len(case) > 5 else GEN
+
+
+def reference(model, sampler: str, cache: str, block: int, steps: int, gen: int = GEN) -> list[list[int]]:
     """The embedded engine, one request at a time: a host request keeps its own dLLM-Cache step
     counter, while an embedded batch shares one (lock step) and differs once rows finish blocks at
     different steps."""
-    cfg = GenerationConfig(gen_length=GEN, block_length=block, steps=GEN // block * steps, sampler=sampler, cache=cache)
+    cfg = GenerationConfig(gen_length=gen, block_length=block, steps=gen // block * steps, sampler=sampler, cache=cache)
     return [generate(model, [p], cfg).tokens[0].tolist() for p in PROMPTS]
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_output_equals_embedded_policy(served, case):
-    outs, model = served
-    _, sampler, cache, block, steps = CASES[case]
-    assert outs[case] == reference(model, sampler, cache, block, steps)
+    outs, model, _ = served
+    _, sampler, cache, block, steps, *gen = CASES[case]
+    assert outs[case] == reference(model, sampler, cache, block, steps, *gen)
 
 
 def test_the_caches_change_the_output(served):
     """The equalities above are not vanilla in disguise: between refreshes the cached rows differ."""
-    outs, model = served
+    outs, model, _ = served
     vanilla = reference(model, "threshold:tau=0.6", "none", BLOCK, BLOCK)
     assert outs["dual_threshold"] != vanilla or outs["prefix_threshold"] != vanilla
     assert outs["dllm_threshold"] != vanilla
+
+
+def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
+    _, _, errors = served
+    assert "extra_args.dllm_stream needs Fast-dLLM's prefix or dual cache" in errors["stream_needs_fast_dllm"]

@@ -183,19 +183,21 @@ class FeatureStore:
     def grow(self, extra: int) -> None:
         self.bufs = [torch.cat([b, b.new_zeros(b.shape[0], extra, *b.shape[2:])], 1) for b in self.bufs]
 
-    def gather(self, layer: int, slots: torch.Tensor) -> Features:
-        return Features(*(b[layer, slots] for b in self.bufs))
+    def gather(self, layer: int, slots: torch.Tensor, width: int | None = None) -> Features:
+        """Features of ``slots`` [m] in ``layer``: [m, width or L, *] (a canvas may be shorter than L)."""
+        w = self.length if width is None else width
+        return Features(*(b[layer, slots, :w] for b in self.bufs))
 
     def scatter(self, layer: int, slots: torch.Tensor, feats: Features) -> None:
         for b, t in zip(self.bufs, feats.tensors()):
-            b[layer, slots] = t
+            b[layer, slots, :t.shape[1]] = t
 
 
 @dataclass
 class Region:
     """Cached regions of one host forward that share a policy: their rows [m, L] in the forward's
-    flat token rows, their features (rows ``slots`` [m] of ``store``) and what each layer
-    recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``."""
+    flat token rows, their features (rows ``slots`` [m] of ``store``, the first L columns) and what
+    each layer recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``."""
 
     rows: torch.Tensor
     slots: torch.Tensor
@@ -235,8 +237,8 @@ class CachedStep:
 
     def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
         """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
-        groups = [CachedRows(r.rows, r.store.gather(layer, r.slots), *r.plan(layer), r.reuse, (0, r.rows.shape[1]))
-                  for r in self.regions]
+        groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), *r.plan(layer), r.reuse,
+                             (0, r.rows.shape[1])) for r in self.regions]
         out = cached_layer(ops, x, pos, groups, self.generator)
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)

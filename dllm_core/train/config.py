@@ -10,6 +10,7 @@ from ..tasks import parse_tasks
 
 DEVICES = ("cpu", "cuda")
 T_SAMPLING = ("iid", "stratified")
+MDM_ARCHS = ("llada", "dream")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,3 +106,16 @@ class TrainConfig(TrainBase):
 
     def task_list(self):
         return parse_tasks(self.tasks)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MDMTrainConfig(TrainConfig):
+    """``dllm train-mdm``: the task-model config plus the architecture trained (``arch``: ``llada`` =
+    ``LLaDAModelLM``, unshifted logits; ``dream`` = ``DreamModel``, QKV biases and logits shifted by one)."""
+
+    arch: str = "llada"
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.arch not in MDM_ARCHS:
+            raise ValueError(f"--arch must be one of {list(MDM_ARCHS)}, got {self.arch!r}")

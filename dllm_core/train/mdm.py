@@ -4,25 +4,31 @@ Per example the prompt stays clean; every response token (answer, EOT and the EO
 task's gen_length, as in LLaDA's SFT) is masked with probability t ~ U(eps, 1), and the loss is the
 cross entropy on masked tokens weighted by 1/t, averaged over response tokens (LLaDA eq. 5). By
 default the t of a batch's rows are drawn low-discrepancy (``--t-sampling stratified``: one uniform
-offset + evenly spaced, each still U(eps, 1)); ``iid`` draws them independently."""
+offset + evenly spaced, each still U(eps, 1)); ``iid`` draws them independently.
+
+``--arch dream`` trains a ``DreamModel`` (Qwen2 key names, QKV biases) on the same data with Dream's
+shifted logits: the token at position i is predicted by the logit row i - 1 (the first response token by
+the last prompt row), as the engine decodes it (``model.shift_logits``). ``--init`` may then name a LLaDA
+checkpoint of the same sizes: its weights are mapped into the Dream model (QKV biases zero)."""
 from __future__ import annotations
 
 import copy
 import json
 import time
+from dataclasses import asdict
 
 import torch
 import torch.nn.functional as F
 
-from ..models import LLaDAModelLM, load_model, save_model
+from ..models import DiffusionLM, DreamModel, LLaDAModelLM, load_model, save_model
 from ..testing import llada_config
 from .common import add_train_args, dtype_of, eval_fn, init_from, setup, step_generator, train_config
-from .config import TrainConfig
+from .config import MDM_ARCHS, MDMTrainConfig
 from .data import ChatEncoder, draw, mdm_batch
 from .loop import train
 
 EPS = 1e-3
-DEFAULTS = TrainConfig(out="models/llada-tasks")
+DEFAULTS = MDMTrainConfig(out="models/llada-tasks")
 
 
 def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) -> torch.Tensor:
@@ -35,46 +41,83 @@ def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) 
     return ((1 - EPS) * u + EPS)[:, None]
 
 
-def mdm_loss(model: LLaDAModelLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
+def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
              gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0) -> torch.Tensor:
     """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
 
     SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
     whole, prompt included (LLaDA's pre-training loss). Each row's loss is normalised by the number of
-    tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows."""
+    tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows.
+
+    A model with ``shift_logits`` (Dream) predicts position i from the logit row i - 1, as the engine
+    decodes: the first response token from the last prompt row; a token whose previous position is
+    padding (the first of a whole-noised row) has no row predicting it and is never noised."""
     B, T = x.shape
+    s = int(model.shift_logits)
     t = noise_levels(B, gen, x.device, stratified)  # [B, 1]
     whole = torch.rand(B, 1, generator=gen, device=x.device) < prompt_noise  # [B, 1]
     col = torch.arange(T, device=x.device)[None]  # [1, T]
     noisable = keep[:, 0, 0] & ((col >= P) | whole)  # [B, T]
+    if s:
+        noisable = noisable & F.pad(keep[:, 0, 0, :-1], (1, 0), value=False)  # the row before is a real token
     masked = (torch.rand(B, T, generator=gen, device=x.device) < t) & noisable  # [B, T]
-    first = 0 if prompt_noise > 0 else P  # positions whose logits are needed
+    first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
     h, rope = model.embed(x.masked_fill(masked, mask_id)), model.rope(pos)
     for layer in model.layers:
         h = layer(h, rope, keep)
-    logits = model.logits(h[:, first:])  # [B, T - first, V]
+    logits = model.logits(h[:, first - s:T - s])  # [B, T - first, V]: row j predicts position first + j
     ce = F.cross_entropy(logits.flatten(0, 1), x[:, first:].flatten(), reduction="none").view(B, -1)
     per_row = (ce * masked[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
     return per_row.mean()
 
 
-def build(cfg: TrainConfig, ids: dict) -> tuple[LLaDAModelLM, dict]:
-    """Fresh LLaDA model (+ its config.json dict) with small-std init."""
-    hf = llada_config(ids["raw"], dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads,
-                      n_kv_heads=cfg.n_kv_heads, ffn=cfg.ffn, max_len=cfg.max_len)
-    model = LLaDAModelLM(LLaDAModelLM.parse_config(hf)).to(cfg.device)
+def dream_config(ids: dict, dim: int, n_layers: int, n_heads: int, n_kv_heads: int | None, ffn: int,
+                 max_len: int) -> dict:
+    """A Dream (Qwen2-style) config.json for the task tokenizer (``ids``: its raw special ids + vocab size).
+    RoPE theta and RMSNorm eps are LLaDA's (``llada_config``), so that a LLaDA checkpoint maps over exactly."""
+    v = -(-ids["vocab_size"] // 64) * 64
+    eos = ids["<|endoftext|>"]
+    return {"architectures": ["DreamModel"], "model_type": "Dream", "hidden_size": dim,
+            "num_hidden_layers": n_layers, "num_attention_heads": n_heads,
+            "num_key_value_heads": n_kv_heads or n_heads, "intermediate_size": ffn, "vocab_size": v,
+            "max_position_embeddings": max_len, "rope_theta": 500000.0, "rms_norm_eps": 1e-5, "hidden_act": "silu",
+            "tie_word_embeddings": False, "use_sliding_window": False, "mask_token_id": ids["<|mdm_mask|>"],
+            "bos_token_id": ids["<|startoftext|>"], "eos_token_id": eos, "pad_token_id": eos,
+            "torch_dtype": "float32"}
+
+
+def init_state(model: DiffusionLM, cfg: MDMTrainConfig) -> dict[str, torch.Tensor]:
+    """The ``--init`` checkpoint's weights for ``model``; a LLaDA checkpoint into a Dream model gets zero
+    QKV biases (LLaDA has none), so the Dream model starts computing exactly LLaDA's hidden states."""
+    src = load_model(cfg.init, cfg.device)
+    state = src.state_dict()
+    if model.args.qkv_bias and not src.args.qkv_bias:
+        state.update({k: torch.zeros_like(v) for k, v in model.state_dict().items()
+                      if k.endswith(("q_proj.bias", "k_proj.bias", "v_proj.bias"))})
+    return state
+
+
+def build(cfg: MDMTrainConfig, ids: dict) -> tuple[DiffusionLM, dict]:
+    """Fresh LLaDA / Dream model (``cfg.arch``) + its config.json dict, small-std init (zero biases)."""
+    sizes = dict(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
+                 ffn=cfg.ffn, max_len=cfg.max_len)
+    cls = LLaDAModelLM if cfg.arch == "llada" else DreamModel
+    hf = (llada_config if cfg.arch == "llada" else dream_config)(ids["raw"], **sizes)
+    model = cls(cls.parse_config(hf)).to(cfg.device)
     for name, p in model.named_parameters():
         if p.dim() >= 2:
             torch.nn.init.normal_(p, std=0.02)
+        elif name.endswith("bias"):
+            torch.nn.init.zeros_(p)
     if cfg.init:
-        init_from(model, cfg, load_model(cfg.init, cfg.device).state_dict())
+        init_from(model, cfg, init_state(model, cfg))
     return model, hf
 
 
 def cmd_train_mdm(a) -> int:
     from ..tasks.evaluate import run_mdm, task_config
 
-    cfg = train_config(a)
+    cfg = MDMTrainConfig(**asdict(train_config(a)), arch=a.arch)
     tok, ids = setup(cfg)
     model, hf = build(cfg, ids)
     tasks, sizes, enc = cfg.task_list(), cfg.batch_sizes, ChatEncoder(tok, ids["eot"])
@@ -99,6 +142,10 @@ def cmd_train_mdm(a) -> int:
 
 
 def add_parser(sub) -> None:
-    p = sub.add_parser("train-mdm", help="train a small LLaDA-architecture masked-diffusion model on the task suite")
+    p = sub.add_parser("train-mdm", help="train a small LLaDA- or Dream-architecture masked-diffusion model on the "
+                                         "task suite")
     add_train_args(p, DEFAULTS)
+    p.add_argument("--arch", default=DEFAULTS.arch,
+                   help=f"one of {list(MDM_ARCHS)}: LLaDAModelLM, or DreamModel (QKV biases, logits shifted by one "
+                        f"position); --init may map a LLaDA checkpoint into a Dream model")
     p.set_defaults(func=cmd_train_mdm)

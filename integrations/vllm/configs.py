@@ -73,6 +73,9 @@ def config_hook():
                             sc.max_num_batched_tokens, mc.max_model_len)
                 sc.max_num_batched_tokens = mc.max_model_len
             mc.enforce_eager = True  # the per-step canvas plan is data dependent: no CUDA graphs
+            if sc.scheduler_cls is None:  # canvases cut at max_tokens (scheduler.py); the worker's canvas
+                sc.scheduler_cls = "integrations.vllm.scheduler.DllmScheduler"  # width must be known when
+                sc.async_scheduling = False  # the step is scheduled, so scheduling stays synchronous
             if mc.tokenizer_mode in ("auto", "hf"):  # HF tokenizer + the renderer that refuses [MASK] in prompts
                 mc.tokenizer_mode = "dllm"
             ac = vllm_config.attention_config

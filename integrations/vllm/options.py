@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from dllm_core.cache import CachePolicy, host_cache
-from dllm_core.options import check_value
+from dllm_core.cache import CachePolicy, PrefixCache, host_cache
+from dllm_core.options import OptionError, check_value
 from dllm_core.sampling import Sampler, make_sampler
 
 PREFIX = "dllm_"
@@ -24,6 +24,8 @@ class DllmOptions:
     samplers (default: the block length);
     ``temperature``: > 0 samples proposals (Gumbel-max), 0 = greedy; ``logits_eos_inf`` /
     ``confidence_eos_eot_inf``: LLaDA-Instruct's EOS / EOT suppression (``eot_id``: the EOT token);
+    ``stream``: emit each block as soon as it is decoded, the next canvas being the rest of the response
+    (prefix / dual caches; with ``canvas_length >= max_tokens`` the embedded engine's output);
     ``seed``: seeds the server's generator for sampled proposals (server-wide only)."""
 
     sampler: str = "low_confidence"
@@ -34,11 +36,15 @@ class DllmOptions:
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
     eot_id: int | None = None
+    stream: bool = False
     seed: int = 0
 
     def __post_init__(self):
         make_sampler(self.sampler)
-        host_cache(self.cache)
+        cache = host_cache(self.cache)
+        if self.stream and not isinstance(cache, PrefixCache):
+            raise OptionError("stream", f"needs Fast-dLLM's prefix or dual cache (their prefix is refreshed with each "
+                              f"block), got cache {self.cache!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.block_length is not None:
@@ -79,7 +85,10 @@ class DllmOptions:
                 replace(DllmOptions(), **{k: v})
             except ValueError as e:
                 raise ValueError(f"{where}{k}: {e}") from None
-        return replace(self, **vals)
+        try:  # rules between options
+            return replace(self, **vals)
+        except OptionError as e:
+            raise ValueError(f"{where}{e.key} {e.rule}") from None
 
     # ---- resolved policy -----------------------------------------------------------------
     def sampler_obj(self) -> Sampler:

@@ -73,12 +73,14 @@ class DllmSampler:
                                            >= ib.prefill_len_np[:n])
         commit = known & (nlog > 0) & (st.phase[slots] == COMMIT)
         denoise = known & (nlog > 0) & (st.phase[slots] == DENOISE)
+        rejected = np.where(denoise, nlog, 0)  # a denoise step keeps nothing; a commit keeps what it emits
         if commit.any():
-            self._emit(np.flatnonzero(commit), slots, nlog, sampled, num_sampled)
+            rows = np.flatnonzero(commit)
+            rejected[rows] = nlog[rows] - self._emit(rows, slots, nlog, sampled, num_sampled)
         if denoise.any():
             self._denoise(np.flatnonzero(denoise), slots, nlog, ib.cu_num_logits_np, logits)
-            qlen = np.diff(ib.query_start_loc_np[:n + 1])
-            num_rejected.copy_(torch.as_tensor(np.where(denoise, qlen, 0), dtype=torch.int32))
+        if rejected.any():
+            num_rejected.copy_(torch.as_tensor(rejected, dtype=torch.int32))
         fresh = slots[prefilled | commit]
         if len(fresh):
             st.start_canvas(fresh)
@@ -89,17 +91,20 @@ class DllmSampler:
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
 
-    def _emit(self, rows: np.ndarray, slots, nlog, sampled, num_sampled) -> None:
-        """Commit step: emit each finished canvas (its first ``nlog`` positions)."""
+    def _emit(self, rows: np.ndarray, slots, nlog, sampled, num_sampled) -> np.ndarray:
+        """Commit step: emit each finished canvas (its first ``nlog`` positions; streaming: its block)."""
         st = self.states
         idx = torch.as_tensor(slots[rows], dtype=torch.long, device=st.device)
-        valid = torch.as_tensor(nlog[rows], dtype=torch.long, device=st.device)
+        n_emit = np.array([st.emit_length(s, v) for s, v in zip(slots[rows], nlog[rows])], dtype=np.int64)
+        valid = torch.as_tensor(n_emit, dtype=torch.long, device=st.device)
         keep = torch.arange(st.canvas_len, device=st.device) < valid[:, None]
         r = torch.as_tensor(rows, dtype=torch.long, device=st.device)
         sampled[r] = torch.where(keep, st.canvas[idx], 0).to(sampled.dtype)
         num_sampled[r] = valid.to(num_sampled.dtype)
-        for s, v, toks in zip(slots[rows], nlog[rows], st.canvas[idx].tolist()):
+        for s, v, toks in zip(slots[rows], n_emit, st.canvas[idx].tolist()):
             st.tokens[s].extend(toks[:v])  # the prefix a later refresh re-runs
+            st.response_left[s] -= v
+        return n_emit
 
     def _denoise(self, rows: np.ndarray, slots, nlog, cu, logits) -> None:
         """One dllm_core sampler step per group of requests sharing a configuration."""

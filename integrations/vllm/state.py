@@ -54,6 +54,7 @@ class RequestPolicy:
     logits_eos_inf: bool
     confidence_eos_eot_inf: bool
     eot_id: int | None
+    stream: bool  # emit each block when decoded; the next canvas is the rest of the response
 
     @classmethod
     def resolve(cls, opts: DllmOptions, sampling_params, canvas_len: int) -> "RequestPolicy":
@@ -65,7 +66,7 @@ class RequestPolicy:
         return cls(opts.sampler_obj(), opts.cache_obj(), block, opts.steps or block, opts.temperature,
                    top_p if top_p is not None and top_p < 1.0 else None,
                    top_k if top_k is not None and top_k > 0 else None,
-                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id)
+                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, opts.stream)
 
     @property
     def fast_dllm(self) -> bool:
@@ -135,6 +136,7 @@ class DllmStates:
         self.progress = BlockProgress(max_reqs)  # block of the canvas, denoise steps in it
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
         self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
+        self.response_left = np.zeros(max_reqs, dtype=np.int64)  # max_tokens not emitted yet
         self.fd_key = torch.full((max_reqs, 2), -1, dtype=torch.long)  # Fast-dLLM refresh rule (host)
         self.fd_age = torch.zeros(max_reqs, dtype=torch.long)
         self.slot_states: dict[tuple, SlotStates] = {}
@@ -155,6 +157,7 @@ class DllmStates:
         self.policy[slot] = pol
         self.phase[slot] = PREFILL
         self.tokens[slot] = list(prompt)
+        self.response_left[slot] = getattr(sampling_params, "max_tokens", None) or self.canvas_len
         self.fd_key[slot], self.fd_age[slot] = -1, 0
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
         if pol.cached and self.features is None:
@@ -177,12 +180,24 @@ class DllmStates:
         return TokenContext(self.mask_id, pol.temperature, pol.top_p, pol.top_k, self.args.eos_token_id, pol.eot_id,
                             pol.logits_eos_inf, pol.confidence_eos_eot_inf, self.generator)
 
+    def canvas_width(self, slot: int) -> int:
+        """Width of the slot's next canvas: the served length, cut at max_tokens (``DllmScheduler``)."""
+        return int(min(self.canvas_len, max(self.response_left[slot], 1)))
+
+    def emit_length(self, slot: int, valid: int) -> int:
+        """Tokens a commit emits: the canvas, or its first block when streaming."""
+        pol = self.policy[slot]
+        return min(pol.block_length, valid) if pol.stream else valid
+
     def start_canvas(self, slots: np.ndarray) -> None:
-        """A fresh all-mask canvas for ``slots`` (after their prefill or commit)."""
+        """A fresh all-mask canvas for ``slots`` (after their prefill or commit): its blocks (one when
+        streaming; a canvas cut at max_tokens has fewer)."""
         idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
         self.canvas[idx] = self.mask_id
         self.phase[slots] = DENOISE
-        self.progress.start(slots, [self.canvas_len // self.policy[s].block_length for s in slots])
+        blocks = [1 if self.policy[s].stream else -(-self.canvas_width(s) // self.policy[s].block_length)
+                  for s in slots]
+        self.progress.start(slots, blocks)
 
 
 class DllmModelState(ModelState):
@@ -236,15 +251,18 @@ class DllmModelState(ModelState):
         done_prefill = known & ~is_canvas & (ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n]
                                              >= ib.prefill_len_np[:n])
         denoise, commit = is_canvas & (st.phase[slots] == DENOISE), is_canvas & (st.phase[slots] == COMMIT)
-        self._begin_blocks(slots[denoise])
+        self._begin_blocks(slots[denoise], qlen[denoise])
         pol = [st.policy[s] if k else None for s, k in zip(slots, known)]
         fast = np.array([p is not None and p.fast_dllm for p in pol], dtype=bool)
         dcache = np.array([p is not None and p.dllm_cache for p in pol], dtype=bool)
-        whole = qlen == st.canvas_len  # a canvas cut at max_model_len runs exact
+        # canvases the policies run cached: whole blocks (Fast-dLLM / dLLM-Cache canvases shrink with
+        # max_tokens and streaming), the served width (block-canvas); others (cut short) run exact
+        lb = np.array([p.block_length if p is not None else 1 for p in pol])
+        whole = np.where(fast | dcache, qlen % lb == 0, qlen == st.canvas_len)
         prefix = ib.num_computed_tokens_np[:n]
         extra, fixed = np.zeros(n, dtype=np.int64), {}
         for i in np.flatnonzero(fast & whole & denoise):
-            extra[i], fixed[i] = self._fast_dllm_rows(int(slots[i]), int(prefix[i]))
+            extra[i], fixed[i] = self._fast_dllm_rows(int(slots[i]), int(prefix[i]), int(qlen[i]))
         extra[dcache & whole & denoise] = prefix[dcache & whole & denoise]  # dLLM-Cache: the prefix in every step
         for i in np.flatnonzero((fast | dcache) & whole & commit):  # emitted as is; refreshed with the next canvas
             fixed[i] = (0, 0)
@@ -261,27 +279,27 @@ class DllmModelState(ModelState):
         members = [i for i in np.flatnonzero(denoise & whole & ~fast & ~dcache) if pol[i].cached]
         if members:  # block-canvas dLLM-Cache
             members = np.array(members)
-            regions += CachedStep.by_policy(self._canvas_rows(canvas[members]), self._rows(slots[members]),
+            regions += CachedStep.by_policy(self._canvas_rows(canvas[members], st.canvas_len), self._rows(slots[members]),
                                             st.progress.steps[slots[members]].tolist(),
                                             [pol[i].cache for i in members], st.features).regions
-        if fixed:  # Fast-dLLM between refreshes, committed canvases
-            members = np.array(sorted(fixed))
-            rec = torch.zeros(len(members), st.canvas_len, dtype=torch.bool)
+        for w in sorted({int(qlen[i]) for i in fixed}):  # Fast-dLLM between refreshes, committed canvases
+            members = np.array([i for i in sorted(fixed) if qlen[i] == w])
+            rec = torch.zeros(len(members), w, dtype=torch.bool)
             for j, i in enumerate(members):
                 rec[j, fixed[i][0]:fixed[i][1]] = True
             rec = rec.to(self.device)
-            regions.append(Region(self._canvas_rows(canvas[members]), self._rows(slots[members]), st.features, None,
-                                  lambda layer, rec=rec: (rec, [False] * rec.shape[0])))
+            regions.append(Region(self._canvas_rows(canvas[members], w), self._rows(slots[members]), st.features,
+                                  None, lambda layer, rec=rec: (rec, [False] * rec.shape[0])))
         for i in np.flatnonzero(dcache & whole & denoise):
-            regions += self._dllm_cache_regions(i, int(slots[i]), int(start[i]), int(extra[i]))
+            regions += self._dllm_cache_regions(int(slots[i]), int(start[i]), int(extra[i]), int(qlen[i]))
         if regions:
             plan.cached = CachedStep(regions, st.generator)
         return plan
 
-    def _canvas_rows(self, first: np.ndarray) -> torch.Tensor:
-        return self._rows(first[:, None] + np.arange(self.states.canvas_len))  # [m, L]
+    def _canvas_rows(self, first: np.ndarray, width: int) -> torch.Tensor:
+        return self._rows(first[:, None] + np.arange(width))  # [m, width]
 
-    def _dllm_cache_regions(self, i: int, slot: int, start: int, prefix: int) -> list[Region]:
+    def _dllm_cache_regions(self, slot: int, start: int, prefix: int, width: int) -> list[Region]:
         """dLLM-Cache for one request: its prefix rows and its canvas rows, each recomputed per layer by
         ``DLLMCache.recomputes`` at the request's step (the prefix's features live per request)."""
         st = self.states
@@ -299,23 +317,25 @@ class DllmModelState(ModelState):
 
         return [Region(self._rows([[start + j for j in range(prefix)]]), one, store, None,
                        lambda layer: plan(layer, True, prefix)),
-                Region(self._canvas_rows(np.array([start + prefix])), self._rows([slot]), st.features, pol,
-                       lambda layer: plan(layer, False, st.canvas_len))]
+                Region(self._canvas_rows(np.array([start + prefix]), width), self._rows([slot]), st.features, pol,
+                       lambda layer: plan(layer, False, width))]
 
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
 
-    def _begin_blocks(self, slots: np.ndarray) -> None:
-        """``Sampler.begin_block`` for the requests whose next step starts a block."""
+    def _begin_blocks(self, slots: np.ndarray, widths: np.ndarray) -> None:
+        """``Sampler.begin_block`` for the requests whose next step starts a block (positions past a
+        canvas cut short are not to be decoded)."""
         st = self.states
-        for s in slots[st.progress.new[slots]]:
+        for s, w in zip(slots, widths):
+            if not st.progress.new[s]:
+                continue
             pol, b = st.policy[s], st.progress.block[s]
-            idx = self._rows([s])
-            blk = st.canvas[idx, b * pol.block_length:(b + 1) * pol.block_length]
-            st.sampler_states(pol).begin_block(idx, blk == st.mask_id)
+            idx, cols = self._rows([s]), torch.arange(b * pol.block_length, (b + 1) * pol.block_length, device=self.device)
+            st.sampler_states(pol).begin_block(idx, (st.canvas[idx][:, cols] == st.mask_id) & (cols < int(w)))
         st.progress.new[slots] = False
 
-    def _fast_dllm_rows(self, slot: int, prefix: int) -> tuple[int, tuple[int, int]]:
+    def _fast_dllm_rows(self, slot: int, prefix: int, width: int) -> tuple[int, tuple[int, int]]:
         """One Fast-dLLM request's step: (prefix rows recomputed, canvas columns recomputed)."""
         st = self.states
         pol, b = st.policy[slot], int(st.progress.block[slot])
@@ -327,7 +347,7 @@ class DllmModelState(ModelState):
         fresh = torch.tensor([[s0 + int(flo) - shift, s0 + int(fhi)]])
         key, age = st.fd_key[slot:slot + 1], st.fd_age[slot:slot + 1]
         refresh = bool(pol.cache.refresh(key, age, fresh, torch.ones(1, dtype=torch.bool)))  # updates key, age
-        a, c0, c1 = pol.cache.host_rows(refresh, *fresh[0].tolist(), prefix, st.canvas_len)
+        a, c0, c1 = pol.cache.host_rows(refresh, *fresh[0].tolist(), prefix, width)
         return prefix - a, (c0, c1)
 
     def _extension(self, ib, slots, qlen, extra) -> Extension:
