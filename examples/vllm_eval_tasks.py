@@ -38,7 +38,8 @@ def score(task, tok, stop, examples, rows: list[list[int]]) -> float:
 def run_vllm(args, task, prompts, steps_per_block: int) -> tuple[list[list[int]], float]:
     from vllm import LLM, SamplingParams
 
-    dllm = {"sampler": args.sampler, "cache": args.cache, "steps": steps_per_block, "block_length": task.block_length}
+    dllm = {"sampler": args.sampler, "cache": args.cache, "steps": steps_per_block, "block_length": task.block_length,
+            "stream": args.stream}
     llm = LLM(model=args.model, tokenizer=args.model, dtype=args.dtype, enforce_eager=True,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, seed=0,
               diffusion_config={"canvas_length": args.blocks * task.block_length}, additional_config={"dllm": dllm})
@@ -57,6 +58,8 @@ def main() -> None:
     p.add_argument("--cache", default="dual", help="vLLM cache option (dual | prefix | none | canvas | dllm:...)")
     p.add_argument("--blocks", type=int, default=1, help="task blocks per vLLM canvas (canvas_length = blocks x "
                    "the task's block length; gen_length / block_length = the whole response in one canvas)")
+    p.add_argument("--stream", action="store_true", help="emit each block when decoded, the next canvas being the "
+                   "rest of the response (prefix / dual; use --blocks gen_length / block_length)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -77,7 +80,7 @@ def main() -> None:
     got, seconds = run_vllm(args, task, prompts, ref_cfg.steps_per_block)
     result = {
         "model": args.model, "task": args.task, "n": len(examples), "sampler": args.sampler, "cache": args.cache,
-        "canvas_length": args.blocks * task.block_length, "block_length": task.block_length,
+        "canvas_length": args.blocks * task.block_length, "block_length": task.block_length, "stream": args.stream,
         "dtype": args.dtype,
         "accuracy": {"vllm": score(task, tok, stop, examples, got), "reference": score(task, tok, stop, examples,
                      ref.tokens), "reference_vanilla": score(task, tok, stop, examples, van.tokens)},

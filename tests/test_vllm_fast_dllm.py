@@ -69,7 +69,7 @@ def engines(checkpoints):
              for case in CASES.values() for p in PROMPTS]
     invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}} for xa in INVALID.values()]
     engine = {**ENGINE, "diffusion_config": {"canvas_length": GEN}}
-    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid})
+    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid, "work": True})
              for a, d in checkpoints.items()}
     yield procs
     for p in procs.values():
@@ -81,7 +81,8 @@ def served(request, engines, checkpoints):
     res = finish_engine(engines[request.param])
     outs, n = res["batches"][0], len(PROMPTS)
     per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
-    return per_case, load_model(checkpoints[request.param]), dict(zip(INVALID, res["invalid"]))
+    work = {name: res["work"][0][i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    return per_case, load_model(checkpoints[request.param]), dict(zip(INVALID, res["invalid"])), work
 
 
 def gen_of(case) -> int:
@@ -98,19 +99,34 @@ def reference(model, sampler: str, cache: str, block: int, steps: int, gen: int 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_greedy_output_equals_embedded_policy(served, case):
-    outs, model, _ = served
+    outs, model, *_ = served
     _, sampler, cache, block, steps, *gen = CASES[case]
     assert outs[case] == reference(model, sampler, cache, block, steps, *gen)
 
 
 def test_the_caches_change_the_output(served):
     """The equalities above are not vanilla in disguise: between refreshes the cached rows differ."""
-    outs, model, _ = served
+    outs, model, *_ = served
     vanilla = reference(model, "threshold:tau=0.6", "none", BLOCK, BLOCK)
     assert outs["dual_threshold"] != vanilla or outs["prefix_threshold"] != vanilla
     assert outs["dllm_threshold"] != vanilla
 
 
 def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
-    _, _, errors = served
+    _, _, errors, _ = served
     assert "extra_args.dllm_stream needs Fast-dLLM's prefix or dual cache" in errors["stream_needs_fast_dllm"]
+
+
+@pytest.mark.parametrize("case", ["dual_threshold", "prefix_threshold", "dllm_threshold", "dual_stream"])
+def test_work_counters_equal_the_embedded_engine(served, case):
+    """The host reports each request's work in the embedded engine's units: the same token-layer
+    evaluations and vanilla baseline, plus vLLM's prompt prefill (the first refresh recomputes the
+    prompt) and its commit forwards (all rows reused: no token-layer runs)."""
+    _, model, _, work = served
+    _, sampler, cache, block, steps, *gen = CASES[case]
+    cfg = GenerationConfig(gen_length=GEN, block_length=block, steps=GEN // block * steps, sampler=sampler, cache=cache)
+    commits = GEN // block if CASES[case][0].get("dllm_stream") else 1
+    for p, got in zip(PROMPTS, work[case]):
+        c = generate(model, [p], cfg).counters
+        assert got == {"forwards": c.forwards + 1 + commits, "token_layers": c.token_layers + len(p) * model.args.n_layers,
+                       "full_token_layers": c.full_token_layers}

@@ -133,11 +133,15 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
 
 
 def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows],
-                 generator: torch.Generator | None = None, count: int | None = None, counters=None) -> torch.Tensor:
+                 generator: torch.Generator | None = None, count: int | None = None, counters=None,
+                 tally: torch.Tensor | None = None) -> torch.Tensor:
     """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups`` (at least
     one): -> [N, d]. ``count``: the number of recomputed rows when the caller knows it (fixed shapes,
-    no device sync: CUDA-graph capturable); otherwise it is read from the mask."""
+    no device sync: CUDA-graph capturable); otherwise it is read from the mask. ``tally`` [N]: + 1 at
+    each row run through the full layer (a host's per-request work, no sync)."""
     rec = recompute_mask(ops, x, pos, groups, generator, counters)
+    if tally is not None:
+        tally += rec
     ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
     dense = len(groups) == 1 and groups[0].dense
     k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
@@ -235,11 +239,13 @@ class CachedStep:
             regions.append(Region(rows[idx], slots[idx], store, pol if isinstance(pol, FeatureReuse) else None, plan))
         return cls(regions, generator)
 
-    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int) -> torch.Tensor:
-        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back)."""
+    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int,
+              tally: torch.Tensor | None = None) -> torch.Tensor:
+        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back;
+        ``tally`` [N] counts the rows run through the full layer)."""
         groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), *r.plan(layer), r.reuse,
                              (0, r.rows.shape[1])) for r in self.regions]
-        out = cached_layer(ops, x, pos, groups, self.generator)
+        out = cached_layer(ops, x, pos, groups, self.generator, tally=tally)
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)
         return out

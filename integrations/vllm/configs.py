@@ -81,6 +81,9 @@ def config_hook():
             ac = vllm_config.attention_config
             if ac.backend is None and not ac.use_non_causal:
                 ac.use_non_causal = True
+            pc = vllm_config.parallel_config
+            if not pc.worker_extension_cls:  # work counters over collective_rpc (state.work_counters)
+                pc.worker_extension_cls = "integrations.vllm.state.DllmWorkerExtension"
             procs = list(mc.logits_processors or [])
             if VALIDATOR not in procs:
                 mc.logits_processors = [*procs, VALIDATOR]

@@ -165,19 +165,27 @@ class DllmForDiffusion(nn.Module):
         if ext is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
             x, positions = self._extend(ext, x, positions)
         cached = plan.cached if plan is not None else None
+        tally = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)  # full-layer runs per row
         with _attention_of(ext):
             for i, layer in enumerate(self.layers):
-                x = layer(positions, x) if cached is None else cached.layer(layer, x, positions, i)
+                if cached is None:
+                    x = layer(positions, x)
+                    tally += 1
+                else:
+                    x = cached.layer(layer, x, positions, i, tally)
+        if plan is not None and plan.row_slots is not None:
+            self.dllm_state.token_layers.index_add_(0, plan.row_slots, tally[:plan.row_slots.shape[0]])
         h = self.norm(x)
         if plan is not None and plan.capture_rows is not None:
             self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
         return h if ext is None else h[ext.orig]
 
     def _extend(self, ext, x: torch.Tensor, positions: torch.Tensor):
+        n = ext.orig.shape[0]  # scheduled rows (no padding rows are carried into the extended batch)
         xe = x.new_empty(ext.n_tokens, x.shape[-1])
-        xe[ext.orig], xe[ext.rows] = x, self.embed(ext.ids)
+        xe[ext.orig], xe[ext.rows] = x[:n], self.embed(ext.ids)
         pe = positions.new_empty(ext.n_tokens)
-        pe[ext.orig], pe[ext.rows] = positions, ext.pos.to(positions.dtype)
+        pe[ext.orig], pe[ext.rows] = positions[:n], ext.pos.to(positions.dtype)
         return xe, pe
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:

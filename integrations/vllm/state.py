@@ -19,6 +19,7 @@ policy's rows of the canvas are recomputed (the block or span: ``dual``; from it
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,6 +39,7 @@ from .options import SERVED, DllmOptions
 logger = logging.getLogger(__name__)
 
 PREFILL, DENOISE, COMMIT = 0, 1, 2
+WORK_KEPT = 4096  # finished requests whose work counters stay readable (``work_counters``)
 
 
 @dataclass(frozen=True)
@@ -117,6 +119,7 @@ class StepPlan:
     capture_slots: torch.Tensor | None = None  # [k]
     cached: CachedStep | None = None
     ext: Extension | None = None
+    row_slots: torch.Tensor | None = None  # [N] request slot of each row of the forward (work accounting)
 
 
 class DllmStates:
@@ -143,12 +146,19 @@ class DllmStates:
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
         self.features: FeatureStore | None = None
         self.prompt_features: dict[int, FeatureStore] = {}  # dLLM-Cache: features of a slot's prefix rows
+        # work, per slot (the embedded engine's Counters units): rows x layers run through a full layer
+        # (device, summed without sync), forwards and what the vanilla loop would run in the denoise ones
+        self.token_layers = torch.zeros(max_reqs + 1, dtype=torch.long, device=device)  # + 1: padding rows
+        self.forwards = np.zeros(max_reqs, dtype=np.int64)
+        self.full_token_layers = np.zeros(max_reqs, dtype=np.int64)
+        self.req_ids: list[str | None] = [None] * max_reqs
+        self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished requests
         self.feature_shape = None  # (n_layers, kv_size) set by the ModelState
         self.generator = torch.Generator(device).manual_seed(self.defaults.seed)
         self.plan: StepPlan | None = None
         self.tp = vllm_config.parallel_config.tensor_parallel_size
 
-    def add(self, slot: int, sampling_params, prompt: list[int]) -> None:
+    def add(self, slot: int, sampling_params, prompt: list[int], req_id: str | None = None) -> None:
         opts = self.defaults.with_request(getattr(sampling_params, "extra_args", None))
         pol = RequestPolicy.resolve(opts, sampling_params, self.canvas_len)
         if pol.cached and not pol.fast_dllm and self.tp > 1:  # V-verify picks per shard would differ
@@ -157,6 +167,8 @@ class DllmStates:
         self.policy[slot] = pol
         self.phase[slot] = PREFILL
         self.tokens[slot] = list(prompt)
+        self.req_ids[slot] = req_id
+        self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.response_left[slot] = getattr(sampling_params, "max_tokens", None) or self.canvas_len
         self.fd_key[slot], self.fd_age[slot] = -1, 0
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
@@ -165,7 +177,16 @@ class DllmStates:
             self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
                                          self.last_hidden)
 
+    def work(self, slot: int) -> dict:
+        """A request's work so far, in the embedded engine's ``Counters`` units."""
+        return {"forwards": int(self.forwards[slot]), "token_layers": int(self.token_layers[slot]),
+                "full_token_layers": int(self.full_token_layers[slot])}
+
     def remove(self, slot: int) -> None:
+        if self.req_ids[slot] is not None and self.policy[slot] is not None:
+            self.finished_work[self.req_ids[slot]] = self.work(slot)
+            while len(self.finished_work) > WORK_KEPT:
+                self.finished_work.popitem(last=False)
         self.policy[slot] = None
         self.prompt_features.pop(slot, None)
         self.phase[slot] = PREFILL
@@ -223,7 +244,8 @@ class DllmModelState(ModelState):
 
     def add_request(self, req_index: int, new_req_data) -> None:
         self._req_slot[new_req_data.req_id] = req_index
-        self.states.add(req_index, new_req_data.sampling_params, new_req_data.prompt_token_ids or [])
+        self.states.add(req_index, new_req_data.sampling_params, new_req_data.prompt_token_ids or [],
+                        new_req_data.req_id)
 
     def remove_request(self, req_id: str) -> None:
         slot = self._req_slot.pop(req_id, None)
@@ -294,7 +316,16 @@ class DllmModelState(ModelState):
             regions += self._dllm_cache_regions(int(slots[i]), int(start[i]), int(extra[i]), int(qlen[i]))
         if regions:
             plan.cached = CachedStep(regions, st.generator)
+        self._tally(plan, slots, known, qlen, extra, prefix, denoise)
         return plan
+
+    def _tally(self, plan: StepPlan, slots, known, qlen, extra, prefix, denoise) -> None:
+        """Work accounting: each row's slot (the forward sums its full-layer runs into the slot) and,
+        for denoise steps, what the vanilla loop would run (the whole sequence in every layer)."""
+        st, rows = self.states, qlen + extra
+        plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), rows))
+        st.forwards[slots[known]] += 1
+        st.full_token_layers[slots[denoise]] += (prefix[denoise] + qlen[denoise]) * st.feature_shape[0]
 
     def _canvas_rows(self, first: np.ndarray, width: int) -> torch.Tensor:
         return self._rows(first[:, None] + np.arange(width))  # [m, width]
@@ -399,3 +430,20 @@ class DllmModelState(ModelState):
         return out
 
     num_new_sampled_tokens_per_step: int = 0
+
+
+
+class DllmWorkerExtension:
+    """Methods vLLM adds to its workers (``parallel_config.worker_extension_cls``, set by the config
+    hook) for ``collective_rpc``."""
+
+    def dllm_work_counters(self) -> dict[str, dict]:
+        return dict(self.model_runner.model_state.states.finished_work)
+
+
+def work_counters(llm) -> dict[str, dict]:
+    """The work of the requests an offline ``vllm.LLM`` finished last (up to ``WORK_KEPT``), by request
+    id: ``forwards``, ``token_layers`` (rows x layers run through a full layer) and
+    ``full_token_layers`` (what the vanilla loop runs in the same denoise steps) - the units of the
+    embedded engine's ``Counters`` and ``dllm bench``'s work column."""
+    return llm.collective_rpc("dllm_work_counters")[0]

@@ -3,7 +3,8 @@
 stdin:  {"model": DIR, "engine": {LLM kwargs}, "batches": [[{"prompt_token_ids": [...],
          "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...]}
 stdout: a line ``RESULT {"batches": [[token ids per request], ...], "invalid": [error text | null],
-         "seconds": {"startup": s, "generate": s}}``
+         "seconds": {"startup": s, "generate": s}}`` (+ ``"work"``: per batch, each request's work
+         counters from the dllm adapter, when the job sets ``"work": true``)
 
 Each batch is submitted at once (the engine batches the requests concurrently); ``invalid``
 requests are submitted one by one and must be rejected at admission.
@@ -25,6 +26,12 @@ def main() -> None:
         res = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in batch],
                            [SamplingParams(**r["params"]) for r in batch], use_tqdm=False)
         out["batches"].append([list(o.outputs[0].token_ids) for o in res])
+        if job.get("work"):  # the dllm adapter's per-request work counters, in batch order
+            from integrations.vllm.state import work_counters
+
+            work = work_counters(llm)
+            out.setdefault("work", []).append([work.get(o.request_id) or next(
+                (w for k, w in work.items() if k.startswith(o.request_id + "-")), None) for o in res])
     for r in job.get("invalid", []):
         try:
             llm.generate([{"prompt_token_ids": r["prompt_token_ids"]}], SamplingParams(**r["params"]), use_tqdm=False)
