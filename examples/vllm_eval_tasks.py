@@ -56,10 +56,10 @@ def main() -> None:
     p.add_argument("--n", type=int, default=200, help="test examples")
     p.add_argument("--sampler", default="low_confidence")
     p.add_argument("--cache", default="dual", help="vLLM cache option (dual | prefix | none | canvas | dllm:...)")
-    p.add_argument("--blocks", type=int, default=1, help="task blocks per vLLM canvas (canvas_length = blocks x "
+    p.add_argument("--blocks", type=int, default=None, help="task blocks per vLLM canvas (canvas_length = blocks x "
                    "the task's block length; gen_length / block_length = the whole response in one canvas)")
     p.add_argument("--stream", action="store_true", help="emit each block when decoded, the next canvas being the "
-                   "rest of the response (prefix / dual; use --blocks gen_length / block_length)")
+                   "rest of the response (prefix / dual)")
     p.add_argument("--dtype", default="float32")
     p.add_argument("--max-model-len", type=int, default=512)
     p.add_argument("--max-num-seqs", type=int, default=32)
@@ -70,6 +70,7 @@ def main() -> None:
     model = load_model(args.model, dtype=getattr(torch, args.dtype))
     examples = task.examples("test", args.n)
     prompts, stop = prompts_of(tok, examples), stop_ids(tok, model)
+    args.blocks = args.blocks or task.gen_length // task.block_length  # default: the whole response
     canvas_len = args.blocks * task.block_length
     policy = host_cache(args.cache)
     if isinstance(policy, CanvasCache):

@@ -1,5 +1,6 @@
 """The OpenAI-compatible server (started through the ``--dllm-*`` launcher, CPU harness) answers
-completions with the canvas reference's tokens, takes per-request options through ``vllm_xargs``,
+completions with the canvas reference's tokens, takes per-request options (Fast-dLLM's dual cache
+among them) through ``vllm_xargs``,
 and rejects a bad option with HTTP 400 while it keeps serving."""
 import json
 import socket
@@ -10,6 +11,7 @@ import urllib.request
 import pytest
 
 from dllm_core import GenerationConfig, generate, load_model
+from dllm_core.engine import generate_in_canvases
 from dllm_core.cache.canvas import CanvasCache
 
 pytest.importorskip("vllm")
@@ -84,6 +86,15 @@ def test_per_request_options_through_vllm_xargs(server):
     code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="canvas:kr=2,rho=1.0")
     assert code == 200, body
     assert body["choices"][0]["token_ids"] == reference(server[2], "low_confidence", steps=4)
+
+
+def test_fast_dllm_dual_through_vllm_xargs(server):
+    """Fast-dLLM's DualCache per request: each 8-token canvas is a generation of its own (the prefix
+    refreshed with it), as the embedded engine decodes it."""
+    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="dual")
+    assert code == 200, body
+    cfg = GenerationConfig(gen_length=2 * CANVAS, block_length=CANVAS, steps=8, sampler="low_confidence", cache="dual")
+    assert body["choices"][0]["token_ids"] == generate_in_canvases(server[2], [PROMPT], cfg, CANVAS).tokens[0].tolist()
 
 
 def test_bad_option_is_a_400_and_the_server_keeps_serving(server):
