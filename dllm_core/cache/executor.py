@@ -197,6 +197,21 @@ class FeatureStore:
             b[layer, slots, :t.shape[1]] = t
 
 
+class NoFeatures:
+    """A ``FeatureStore`` stand-in for rows whose layers are skipped and whose features are never read
+    back (a host's prompt prefill that the first refresh recomputes before anything attends to it):
+    zeros in, nothing kept."""
+
+    def __init__(self, kv: int, d: int, like: torch.Tensor):
+        self.widths, self.like = (kv, kv, d, d), like
+
+    def gather(self, layer: int, slots: torch.Tensor, width: int | None = None) -> Features:
+        return Features(*(self.like.new_zeros(len(slots), width, w) for w in self.widths))  # transient
+
+    def scatter(self, layer: int, slots: torch.Tensor, feats: Features) -> None:
+        pass
+
+
 @dataclass
 class Region:
     """Cached regions of one host forward that share a policy: their rows [m, L] in the forward's
@@ -205,7 +220,7 @@ class Region:
 
     rows: torch.Tensor
     slots: torch.Tensor
-    store: FeatureStore
+    store: FeatureStore | NoFeatures
     reuse: FeatureReuse | None
     plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
 

@@ -8,6 +8,9 @@ commits back into ``input_ids`` in place and reports per row whether the block *
 before this step (the sampler's ``rows_done``; SGLang's contract: the forward after the last
 commit persists the block's K/V).
 
+With Fast-dLLM's ``cache: prefix`` / ``dual`` the algorithm instead runs the embedded engine's loop
+over each request's whole response (``fast_dllm.FastDllmHost``): SGLang's block is a window onto it.
+
 Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in the core's ``SlotStates``,
 one row per SGLang request slot (``req_pool_indices``): batches change between rounds
 (``--dllm-fdfo``, the default), so a step gathers its rows and writes them back. SGLang keeps a
@@ -26,6 +29,7 @@ from dllm_core.sampling import TokenContext
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
+from .fast_dllm import FastDllmHost
 from .options import AlgorithmOptions, read_yaml
 
 logger = logging.getLogger(__name__)
@@ -33,10 +37,29 @@ logger = logging.getLogger(__name__)
 
 class DllmServeConfig(DllmConfig):
     """SGLang's ``DllmConfig`` for the dllm-serve models + dllm_core's prompt rule at admission (the
-    scheduler answers a returned error with HTTP 400)."""
+    scheduler answers a returned error with HTTP 400) and, under a Fast-dLLM cache, the response
+    length rule (``max_new_tokens``: whole blocks)."""
 
     def validate_request(self, req) -> str | None:
-        return mask_in_prompt(req.origin_input_ids, self.mask_id) or super().validate_request(req)
+        return (mask_in_prompt(req.origin_input_ids, self.mask_id) or self.response_error(req)
+                or super().validate_request(req))
+
+    def response_error(self, req) -> str | None:
+        fast = self.fast_dllm()
+        n = req.sampling_params.max_new_tokens if fast is not None else None
+        if fast is None or (isinstance(n, int) and n >= 1 and n % self.block_size == 0):
+            return None
+        return (f"cache {fast.name}: max_new_tokens must be a positive multiple of block_size {self.block_size} "
+                f"(the response the policy decodes in blocks), got {n}")
+
+    def fast_dllm(self):
+        """The algorithm's Fast-dLLM policy (None: SGLang's block canvas, or not one of ours)."""
+        if not hasattr(self, "_fast"):
+            from sglang.srt.dllm.algorithm import get_algorithm_cls
+
+            cls = get_algorithm_cls(self.algorithm)
+            self._fast = cls.options(self.algorithm_config or {}).fast_dllm if hasattr(cls, "options") else None
+        return self._fast
 
 
 class RowState:
@@ -63,7 +86,8 @@ class DllmCoreAlgorithm(DllmAlgorithm):
     @classmethod
     def configure_server_args(cls, server_args) -> None:
         """Launch-time: validate the YAML (fail before any worker starts) and turn off what
-        dLLM-Cache cannot run with (CUDA graphs; tensor parallelism is refused)."""
+        dLLM-Cache cannot run with (CUDA graphs; tensor parallelism is refused) and what Fast-dLLM
+        cannot (CUDA graphs; the radix cache: a refresh rewrites the prefix K/V in place)."""
         from sglang.srt.arg_groups.overrides import resolving_view
 
         cfg = resolving_view(server_args)
@@ -72,13 +96,20 @@ class DllmCoreAlgorithm(DllmAlgorithm):
             opts = cls.options(read_yaml(path))
         except ValueError as e:
             raise ValueError(f"--dllm-algorithm-config {path}: {e}") from None
-        if opts.caching:
+        if opts.caching or opts.fast_dllm is not None:
             from .plugin import ARCHS, model_architecture
 
             arch = model_architecture(server_args)
+            key = "dllm_cache" if opts.caching else f"cache: {opts.fast_dllm.name}"
             if arch not in ARCHS:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs one of the "
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{key} needs one of the "
                                  f"dllm-serve models {list(ARCHS)}, got {arch}")
+        if opts.fast_dllm is not None:
+            disable_cuda_graphs(server_args, f"{cls.__name__}: cache {opts.fast_dllm.name} (Fast-dLLM) runs "
+                                             f"data-dependent rows")
+            disable_radix_cache(server_args, f"{cls.__name__}: cache {opts.fast_dllm.name} (Fast-dLLM) rewrites "
+                                             f"each request's prefix K/V in place")
+        if opts.caching:
             if cfg.tp_size > 1:
                 raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs --tp-size 1 "
                                  f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
@@ -91,11 +122,13 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         self.steps = self.opts.steps or self.block_size
         self._tc: TokenContext | None = None
         self.rows: SlotStates | None = None  # per-request sampler rows, by request slot
+        self.fast = None if self.opts.fast_dllm is None else FastDllmHost(
+            self.opts.fast_dllm, self.sampler, self.steps, self.block_size, self.mask_id)
 
     def max_steps(self, block_size: int) -> int:
         """Forwards per block in the synchronous loop: the sampler's most steps + the forward
-        that persists the block."""
-        return self.sampler.max_steps(block_size, self.steps) + 1
+        that persists the block (Fast-dLLM: a block of SGLang's may span two of the canvas)."""
+        return self.sampler.max_steps(block_size, self.steps) * (2 if self.fast else 1) + 1
 
     def token_context(self, device) -> TokenContext:
         if self._tc is None:
@@ -131,7 +164,10 @@ class DllmCoreAlgorithm(DllmAlgorithm):
 
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
         """dLLM-Cache: hand the model its cache policy and each row's denoise step
-        (``dllm_input_preparation_state``, CPU int64 [B]; -1 = persisting forward, exact)."""
+        (``dllm_input_preparation_state``, CPU int64 [B]; -1 = persisting forward, exact).
+        Fast-dLLM: plan the step of each request's canvas (``FastDllmHost.prepare``)."""
+        if self.fast is not None:
+            return self.fast.prepare(model_runner, forward_batch)
         if not self.opts.caching:
             return
         fc = getattr(model_runner.model, "feature_cache", None)
@@ -145,7 +181,10 @@ class DllmCoreAlgorithm(DllmAlgorithm):
 
     def step(self, forward_batch, full_logits: torch.Tensor, states: List[Any]) -> List[bool]:
         """One sampler step on input_ids [B * L] with full_logits [B * L, V]: commits written into
-        input_ids in place; returns per row whether its block had no masks *before* the step."""
+        input_ids in place; returns per row whether its block had no masks *before* the step.
+        Fast-dLLM: one step of each request's canvas; per row whether SGLang's block is decoded."""
+        if self.fast is not None:
+            return self.fast.step(forward_batch, full_logits, self.token_context(full_logits.device))
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)
@@ -176,6 +215,15 @@ def disable_cuda_graphs(server_args, why: str) -> None:
             logger.warning("dllm-serve: %s -> CUDA graphs disabled for the %s phase", why, phase)
             declare_resolution(server_args, "dllm-serve", cuda_graph_config=with_phase(graphs, phase,
                                                                                       backend=Backend.DISABLED))
+
+
+def disable_radix_cache(server_args, why: str) -> None:
+    """Turn the radix cache off (request-private KV slots), with a warning."""
+    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
+
+    if not resolving_view(server_args).disable_radix_cache:
+        logger.warning("dllm-serve: %s -> radix cache disabled", why)
+        declare_resolution(server_args, "dllm-serve", disable_radix_cache=True)
 
 
 class SlowFast(DllmCoreAlgorithm):

@@ -10,6 +10,9 @@ One YAML mapping per launch. Keys:
 * ``temperature``, ``top_p``, ``top_k``, ``seed``: proposal sampling (default greedy);
 * ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
   first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
+* ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``, the default: SGLang's block
+  canvas) or Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) with the
+  embedded engine's semantics (``fast_dllm.py``); exclusive with ``dllm_cache``;
 * ``block_size``: read by SGLang itself (``DllmConfig``).
 
 Every value is validated by constructing the dllm_core object, so a bad option fails at launch
@@ -21,15 +24,44 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
+from dllm_core.cache import DualCache, PrefixCache
 from dllm_core.cache.canvas import CanvasCache
-from dllm_core.options import OptionError, check_value
+from dllm_core.options import OptionError, check_value, parse_spec
 from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
 from dllm_core.sampling.base import check_proposal
 
 DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
 HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
 CACHE_KEY = "dllm_cache"
+POLICY_KEY = "cache"
+BLOCK_CANVAS = ("canvas", "none")  # SGLang's own block-canvas semantics (dLLM-Cache over it: ``dllm_cache``)
+FAST_DLLM = {c.name: c for c in (PrefixCache, DualCache)}
 NOT_IN_SGLANG = ("graphs", "blocks")  # reference-engine knobs with no meaning inside SGLang (its canvas is one block)
+
+
+def parse_policy(algo: str, value) -> PrefixCache | None:
+    """``cache: <spec>`` -> the Fast-dLLM policy (None: SGLang's block canvas), by dllm_core's spec parser;
+    errors name ``<algo>.cache`` and the allowed values."""
+    where = f"{algo}.{POLICY_KEY}"
+    spec = check_value(value, "str", where)
+    name, _, rest = (s.strip() for s in spec.partition(":"))
+    allowed = sorted([*BLOCK_CANVAS, *FAST_DLLM])
+    if name in BLOCK_CANVAS and not rest:
+        return None
+    if name in BLOCK_CANVAS:
+        raise ValueError(f"{where}: {name} takes no options (dLLM-Cache over SGLang's block: {CACHE_KEY}: "
+                         f"{{kr: .., rho: ..}}), got {spec!r}")
+    if name not in FAST_DLLM:
+        note = " (dLLM-Cache with prompt refresh is not served by SGLang)" if name == "dllm" else ""
+        raise ValueError(f"{where}: unknown policy {name!r}{note}; allowed: {allowed}")
+    keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
+    extra = sorted(set(keys) - {"every"})
+    if extra:
+        raise ValueError(f"{where}: {name} has no option {extra[0]!r}; allowed: ['every']")
+    try:
+        return parse_spec(spec, FAST_DLLM, where)
+    except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
+        raise ValueError(e.under(where)) from None
 
 
 def read_yaml(path: str | None) -> dict:
@@ -75,6 +107,7 @@ class AlgorithmOptions:
 
     sampler: Sampler
     cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
+    fast_dllm: PrefixCache | None = None  # Fast-dLLM prefix / dual (the embedded engine's semantics)
     steps: int | None = None          # fixed-schedule samplers: denoising steps per block
     temperature: float = 0.0
     top_p: float | None = None
@@ -102,20 +135,25 @@ class AlgorithmOptions:
         if cache is not None and not isinstance(cache, dict):
             allowed = sorted(options_of(CanvasCache, NOT_IN_SGLANG))
             raise ValueError(f"{algo}.{CACHE_KEY} must be a mapping of {allowed}")
+        fast = parse_policy(algo, cfg.pop(POLICY_KEY)) if POLICY_KEY in cfg else None
+        if fast is not None and cache is not None:
+            raise ValueError(f"{algo}: {POLICY_KEY}: {fast.name} and {CACHE_KEY} exclude each other "
+                             f"(dLLM-Cache runs over SGLang's block canvas)")
         decoding = {k: check_value(cfg.pop(k), t, f"{algo}.{k}") for k, t in DECODING.items() if k in cfg}
         if sampler_name is None:
             sampler, steps = cls._generic(algo, cfg)
         else:
-            sampler, steps = build(SAMPLERS[sampler_name], cfg, algo, [CACHE_KEY, *DECODING, *HOST_KEYS]), None
+            sampler, steps = build(SAMPLERS[sampler_name], cfg, algo,
+                                   [CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]), None
         try:
             return cls(sampler, None if cache is None else build(CanvasCache, cache, f"{algo}.{CACHE_KEY}",
-                                                                  exclude=NOT_IN_SGLANG), steps, **decoding)
+                                                                  exclude=NOT_IN_SGLANG), fast, steps, **decoding)
         except ValueError as e:
             raise ValueError(f"{algo}: {e}") from None
 
     @staticmethod
     def _generic(algo: str, cfg: dict):
-        allowed = ["sampler", "steps", CACHE_KEY, *DECODING, *HOST_KEYS]
+        allowed = ["sampler", "steps", CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]
         unknown = sorted(set(cfg) - {"sampler", "steps"})
         if unknown:
             raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")

@@ -11,7 +11,9 @@ It changes no SGLang file; everything goes through SGLang's registries and its h
   Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json), as a
   ``DllmServeConfig`` whose admission check refuses prompts holding the mask token (HTTP 400);
 * ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
-  prefix position (``PrefixRows.expect``), which SGLang does not pass to the model;
+  prefix position (``PrefixRows.expect``), which SGLang does not pass to the model; every dllm-serve
+  model gets the batch's requests (prompt ids, ``max_new_tokens``, block offsets) for Fast-dLLM's
+  canvas (``FastDllmForward.expect``);
 * ``handle_dllm_inference`` (AFTER): Dream turns CUDA graphs off (its prefix row is computed
   from the paged cache with data-dependent shapes), with a warning;
 * the sibling module ``tokenswift.py``, if present, registers its speculative algorithm.
@@ -39,6 +41,8 @@ def register() -> None:
     hooks = [("sglang.srt.dllm.config.DllmConfig.from_server_args", dllm_config, HookType.AROUND),
              ("sglang.srt.model_loader.utils.get_model_architecture", register_models, HookType.BEFORE),
              ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_last_prefix_ids,
+              HookType.AFTER),
+             ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_request_info,
               HookType.AFTER),
              ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER)]
     for target, fn, kind in hooks:
@@ -125,6 +129,15 @@ def add_last_prefix_ids(forward_batch, cls, batch, model_runner, *args, **kwargs
            for r in batch.reqs]
     rows.expect(forward_batch.req_pool_indices.tolist(),
                 torch.tensor(ids, dtype=torch.long).to(model_runner.device, non_blocking=True))
+    return forward_batch
+
+
+def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
+    """AFTER ``ForwardBatch.init_new``: hand a dllm-serve model the batch's ``Req``s (references, no
+    copies): Fast-dLLM reads a request's prompt ids and ``max_new_tokens`` at its first step."""
+    fast = getattr(getattr(model_runner, "model", None), "fast_dllm", None)
+    if fast is not None and batch.dllm_config is not None and forward_batch.forward_mode.is_dllm_extend():
+        fast.expect(forward_batch.req_pool_indices, batch.reqs)
     return forward_batch
 
 

@@ -139,7 +139,7 @@ class BlockDriver:
         """A DLLM_EXTEND ``ForwardBatch`` holding one block per row at its KV frontier."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-        from .plugin import add_last_prefix_ids
+        from .plugin import add_last_prefix_ids, add_request_info
 
         B, L, r2t = len(rows), self.L, self.runner.req_to_token_pool.req_to_token
         starts = [r.kv_len for r in rows]
@@ -156,9 +156,13 @@ class BlockDriver:
         fb.extend_prefix_lens_cpu, fb.extend_seq_lens_cpu, fb.extend_num_tokens = list(starts), [L] * B, B * L
         if prompt_mask:  # what SGLang sets when a committed token is a literal mask id
             fb.dllm_prompt_mask = pos.view(B, L) < torch.tensor([len(r.committed) for r in rows])[:, None]
-        # the plugin's ForwardBatch.init_new hook, on the ScheduleBatch fields it reads
-        reqs = [SimpleNamespace(dllm_block_offset=s, full_untruncated_fill_ids=r.committed) for r, s in zip(rows, starts)]
-        add_last_prefix_ids(fb, ForwardBatch, SimpleNamespace(dllm_config=True, reqs=reqs), self.runner)
+        # the plugin's ForwardBatch.init_new hooks, on the ScheduleBatch / Req fields they read
+        reqs = [SimpleNamespace(dllm_block_offset=s, full_untruncated_fill_ids=r.committed, origin_input_ids=r.prompt,
+                                output_ids=list(r.out), sampling_params=SimpleNamespace(max_new_tokens=r.gen_len))
+                for r, s in zip(rows, starts)]
+        sb = SimpleNamespace(dllm_config=True, reqs=reqs)
+        add_last_prefix_ids(fb, ForwardBatch, sb, self.runner)
+        add_request_info(fb, ForwardBatch, sb, self.runner)
         return fb
 
     def _blocks(self, rows: list[Row], mask_id: int):
@@ -171,11 +175,13 @@ class BlockDriver:
         return blocks
 
     def generate(self, prompts: list[list[int]], gen_len: int, mask_id: int, prompt_mask: bool = False,
-                 max_rounds: int = 1000) -> list[list[int]]:
+                 max_rounds: int = 1000, outputs: list[list[int]] | None = None) -> list[list[int]]:
         """Decode ``gen_len`` tokens after each prompt. Like SGLang, a round either prefills full
         prompt blocks or denoises (one ``algorithm.run``: the whole block in the synchronous mode,
-        one step in ``first_done_first_out_mode``). Slots are freed at the end."""
-        rows = self.rows = [Row(list(p), gen_len, self.runner.alloc_slot()) for p in prompts]
+        one step in ``first_done_first_out_mode``). Slots are freed at the end. ``outputs``: tokens
+        each request committed before (a retracted request re-admitted: re-prefilled with its prompt)."""
+        outputs = outputs or [[] for _ in prompts]
+        rows = self.rows = [Row(list(p), gen_len, self.runner.alloc_slot(), list(o)) for p, o in zip(prompts, outputs)]
         try:
             for _ in range(max_rounds):
                 live = [r for r in rows if len(r.out) < r.gen_len]

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache
-from dllm_core.cache.executor import CachedStep, FeatureStore, Region
+from dllm_core.cache.executor import CachedStep, FeatureStore, NoFeatures, Region
 from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
@@ -314,6 +314,8 @@ class DllmModelState(ModelState):
                                   None, lambda layer, rec=rec: (rec, [False] * rec.shape[0])))
         for i in np.flatnonzero(dcache & whole & denoise):
             regions += self._dllm_cache_regions(int(slots[i]), int(start[i]), int(extra[i]), int(qlen[i]))
+        for i in np.flatnonzero(done_prefill & (fast | dcache) & (qlen == ib.prefill_len_np[:n])):
+            regions.append(self._skipped(int(start[i]), int(qlen[i])))  # the first refresh recomputes it
         if regions:
             plan.cached = CachedStep(regions, st.generator)
         self._tally(plan, slots, known, qlen, extra, prefix, denoise)
@@ -326,6 +328,14 @@ class DllmModelState(ModelState):
         plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), rows))
         st.forwards[slots[known]] += 1
         st.full_token_layers[slots[denoise]] += (prefix[denoise] + qlen[denoise]) * st.feature_shape[0]
+
+    def _skipped(self, start: int, length: int) -> Region:
+        """A prompt prefill run through no layer: its K/V and output are recomputed by the request's
+        first refresh before anything reads them."""
+        n_layers, kv = self.states.feature_shape
+        rows = self._rows(np.arange(start, start + length)[None])
+        return Region(rows, self._rows([0]), NoFeatures(kv, self.states.args.dim, self.states.last_hidden), None,
+                      lambda layer: (torch.zeros(1, length, dtype=torch.bool, device=self.device), [False]))
 
     def _canvas_rows(self, first: np.ndarray, width: int) -> torch.Tensor:
         return self._rows(first[:, None] + np.arange(width))  # [m, width]

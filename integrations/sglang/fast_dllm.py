@@ -1,0 +1,384 @@
+"""Fast-dLLM's ``prefix`` / ``dual`` caches (dllm_core ``PrefixCache`` / ``DualCache``) in SGLang's block scheduler.
+
+The semantics are the embedded engine's (``dllm_core.generate`` with ``cache="prefix"`` / ``"dual"``): the
+response is one canvas of ``max_new_tokens`` positions right after the prompt, decoded in blocks of
+``block_size`` that start at the prompt end, with the masked rest of the response present in every step.
+At a refresh (a new block or SlowFast span, or ``every`` steps: ``PrefixCache.refresh``) one forward runs
+the whole sequence [0, P + G) bidirectionally; between refreshes only ``PrefixCache.host_rows`` are
+recomputed (``dual``: the step's window, and the row left of it for Dream; ``prefix``: from the window to
+the response end) against the K/V cached for every other position.
+
+SGLang's scheduler knows nothing of this: it decodes blocks aligned to multiples of ``block_size`` from
+position 0 (the first one holding the prompt tail) and nothing right of its block exists. Here its
+block is only a window onto the request's canvas:
+
+* the algorithm's ``FastDllmHost`` keeps each request's canvas (a ``Response``, bound to the request
+  slot and its generation) and runs the embedded loop over it: every SGLang forward of a request being
+  decoded is one step of that loop (``plan_step`` -> forward -> ``denoise_step``); SGLang's block ids
+  mirror the canvas, and SGLang's block is done once its positions are decoded (a block of the loop may
+  straddle two SGLang blocks). Prompt-prefill forwards and forwards after the response is decoded compute
+  nothing (the first refresh recomputes the whole prompt anyway);
+* the model's ``FastDllmForward`` runs the rows the host planned: the prompt's K/V are written in place
+  into SGLang's KV pool (``set_kv_buffer`` at the ``req_to_token`` slots), the response's K/V into a
+  per-request ``ResponseKV`` row beside the pool, and the queries attend (torch SDPA) to [the prompt's
+  K/V from the pool ; the response's K/V from the store]. Its logits rows are the canvas block's
+  (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b; zeros where not computed).
+
+The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plugin's hook on
+``ForwardBatch.init_new`` hands the batch's requests to the model (``FastDllmForward.expect``). The
+in-place prefix refresh needs request-private KV slots: the radix cache is turned off at launch.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from dllm_core.cache import PrefixCache
+from dllm_core.engine.step import SlotStates, denoise_step, plan_step
+from dllm_core.sampling import Sampler, TokenContext
+
+from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+
+
+def response_length(max_new_tokens: int | None, block: int) -> int:
+    """The canvas length G of a request: ``max_new_tokens`` in whole blocks (admission refuses other
+    values; a length SGLang clipped later is rounded up, the tokens past it are not emitted)."""
+    return -(-max(max_new_tokens or 0, 0) // block) * block
+
+
+class Response:
+    """One request's canvas: prompt + response token ids [P + G], the block of the embedded loop in
+    flight (``block``; G // L once decoded) and its Fast-dLLM refresh key / age (host tensors)."""
+
+    def __init__(self, slot: int, gen: int, prompt, output, G: int, L: int, mask_id: int, device):
+        out = list(output)[:G]  # committed before (a request SGLang retracted and re-admitted)
+        self.slot, self.gen, self.P, self.G, self.L = slot, gen, len(prompt), G, L
+        self.ids = torch.tensor([*prompt, *out, *[mask_id] * (G - len(out))], dtype=torch.long, device=device)
+        self.block = len(out) // L
+        self.new = True  # the sampler rows begin the block at the next step
+        self.key = torch.full((1, 2), -1, dtype=torch.long)  # PrefixCache.refresh state
+        self.age = torch.zeros(1, dtype=torch.long)
+        self.row: int | None = None  # ResponseKV row while decoding
+
+    @property
+    def end(self) -> int:
+        return self.P + self.G
+
+    @property
+    def start(self) -> int:
+        """First position of the block in flight."""
+        return self.P + self.block * self.L
+
+    @property
+    def decoded(self) -> bool:
+        return self.block * self.L >= self.G
+
+    def block_ids(self) -> torch.Tensor:
+        return self.ids[self.start:self.start + self.L]
+
+
+@dataclass
+class RowPlan:
+    """One request's share of a forward: positions [lo, hi) recomputed, logits for [start, start + L)."""
+
+    resp: Response
+    lo: int
+    hi: int
+    start: int
+
+
+@dataclass
+class ForwardPlan:
+    """Set on the model by the host right before a forward (rows: per batch row, None = nothing to run)."""
+
+    slots: list[int]
+    rows: list[RowPlan | None]
+    shift: int  # Dream: the logit row of position i is the hidden state of i - 1
+
+
+class FastDllmHost:
+    """The embedded engine's loop over the canvases of the requests in flight (algorithm side): sampler
+    rows per request slot (dllm_core ``SlotStates``), refresh decisions (``PrefixCache.refresh`` /
+    ``host_rows``) and commits (``denoise_step``). ``prepare`` plans a forward, ``step`` takes it."""
+
+    def __init__(self, policy: PrefixCache, sampler: Sampler, steps: int, L: int, mask_id: int):
+        self.policy, self.sampler, self.steps, self.L, self.mask_id = policy, sampler, steps, L, mask_id
+        self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
+        self.rows: SlotStates | None = None
+        self.fwd: FastDllmForward | None = None
+        self.batch: tuple[list[Response], list[int], list[int]] | None = None  # (responses, offsets, live rows)
+
+    def prepare(self, model_runner, fb: ForwardBatch) -> None:
+        """Before a forward: bind the batch's requests, begin new blocks and plan each row's rows."""
+        model = model_runner.model
+        self.fwd = fwd = getattr(model, "fast_dllm", None)
+        if fwd is None:
+            raise ValueError(f"cache {self.policy.name} needs a dllm-serve model class (LLaDAModelLM, DreamModel), "
+                             f"got {type(model).__name__}")
+        slots = fb.req_pool_indices.tolist()
+        reqs = fwd.requests(slots)
+        resps = self._bind(model_runner, slots, reqs, fb.input_ids.device)
+        offsets = [int(r.dllm_block_offset) for r in reqs]  # SGLang's block: [offset, offset + L)
+        # SGLang prefills blocks of committed tokens (the prompt; all it committed, after a retraction): no step
+        live = [b for b, (r, q, o) in enumerate(zip(resps, reqs, offsets))
+                if not r.decoded and o + self.L > len(q.origin_input_ids) + len(q.output_ids)]
+        shift = int(model.core_cls.shift_logits)
+        fwd.plan = ForwardPlan(slots, self._plan(resps, live, shift), shift)
+        self.batch = (resps, offsets, live)
+
+    def _plan(self, resps: list[Response], live: list[int], shift: int) -> list[RowPlan | None]:
+        """Begin the live rows' new blocks; -> each batch row's rows of this step (None: not live)."""
+        rows: list[RowPlan | None] = [None] * len(resps)
+        if not live:
+            return rows
+        idx, x = self._blocks(resps, live)
+        new = [j for j, b in enumerate(live) if resps[b].new]
+        if new:
+            self.rows.begin_block(idx[new], x[new] == self.mask_id)
+            for j in new:
+                resps[live[j]].new = False
+        flo, fhi = plan_step(self.sampler, self.rows.gather(idx), x == self.mask_id).focus
+        for b, lo, hi in zip(live, flo.tolist(), fhi.tolist()):
+            rows[b] = self._plan_row(resps[b], lo, hi, shift)
+            self.fwd.bind(resps[b])
+        return rows
+
+    def step(self, fb: ForwardBatch, logits: torch.Tensor, tc: TokenContext) -> list[bool]:
+        """After the forward: one step of the loop for the live rows (logits [B * L, V] of their canvas
+        blocks), the canvas mirrored into SGLang's block ids; -> per row whether SGLang's block is decoded."""
+        resps, offsets, live = self.batch
+        B, L = fb.batch_size, self.L
+        if live:
+            idx, x = self._blocks(resps, live)
+            st = self.rows.gather(idx)
+            rows = torch.tensor(live, device=logits.device)
+            x, after = denoise_step(self.sampler, st, logits.view(B, L, -1)[rows], x, tc)
+            self.rows.scatter(idx, st)
+            for j, (b, fin) in enumerate(zip(live, after.tolist())):
+                r = resps[b]
+                r.ids[r.start:r.start + L] = x[j]
+                if fin:  # the loop's next block (its first step refreshes)
+                    r.block, r.new = r.block + 1, True
+                    if r.decoded:
+                        self.fwd.release(r)
+        return self.mirror(fb, resps, offsets)
+
+    def mirror(self, fb: ForwardBatch, resps: list[Response], offsets: list[int]) -> list[bool]:
+        """SGLang's block ids [B, L] <- the canvas (mask ids past the response end: never emitted, SGLang
+        stops at max_new_tokens); -> per row whether the block's response positions are decoded."""
+        ids = fb.input_ids.view(fb.batch_size, self.L)
+        span = []
+        for b, (r, o) in enumerate(zip(resps, offsets)):
+            n = max(0, min(self.L, r.end - o))
+            ids[b, :n] = r.ids[o:o + n]
+            ids[b, n:] = self.mask_id
+            span.append(n)
+        inside = torch.arange(self.L, device=ids.device) < torch.tensor(span, device=ids.device)[:, None]
+        return (~((ids == self.mask_id) & inside).any(-1)).tolist()
+
+    def _bind(self, model_runner, slots: list[int], reqs: list, device) -> list[Response]:
+        """The batch's responses; a slot whose generation moved (a new request) gets a fresh one."""
+        if self.rows is None:
+            self.rows = SlotStates(self.sampler, self.L, self.steps, device)
+        self.rows.grow(max(slots) + 1)
+        gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
+        out = []
+        for slot, gen, req in zip(slots, gens, reqs):
+            r = self.responses.get(slot)
+            if r is None or r.gen != gen:
+                if r is not None:
+                    self.fwd.release(r)
+                G = response_length(req.sampling_params.max_new_tokens, self.L)
+                r = self.responses[slot] = Response(slot, gen, req.origin_input_ids, req.output_ids, G, self.L,
+                                                    self.mask_id, device)
+                self.rows.reset(torch.tensor([slot], device=device))
+            out.append(r)
+        return out
+
+    def _blocks(self, resps: list[Response], live: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        """Request slots [m] and canvas blocks [m, L] of the live rows."""
+        x = torch.stack([resps[b].block_ids() for b in live])
+        return torch.tensor([resps[b].slot for b in live], device=x.device), x
+
+    def _plan_row(self, r: Response, lo: int, hi: int, shift: int) -> RowPlan:
+        """The embedded loop's ``fresh`` range (shifted one left for Dream) -> refresh -> rows recomputed."""
+        s = r.start
+        fresh = torch.tensor([[s + lo - shift, s + hi]])
+        refresh = bool(self.policy.refresh(r.key, r.age, fresh, torch.ones(1, dtype=torch.bool)))  # updates key, age
+        a, c0, c1 = self.policy.host_rows(refresh, s + lo - shift, s + hi, r.P, r.G)
+        return RowPlan(r, a if a < r.P else r.P + c0, r.P + c1, s)
+
+
+class ResponseKV:
+    """Per-layer K/V of the response positions of the requests being decoded: k / v [n_layers, R, G, Hkv, D]
+    (a request holds one row from its first step to its last; rows and length grow on demand)."""
+
+    def __init__(self, n_layers: int, n_kv: int, head_dim: int, like: torch.Tensor):
+        self.k = like.new_zeros(n_layers, 0, 0, n_kv, head_dim)
+        self.v = self.k.clone()
+        self.free: list[int] = []
+
+    @property
+    def rows(self) -> int:
+        return self.k.shape[1]
+
+    @property
+    def length(self) -> int:
+        return self.k.shape[2]
+
+    def take(self, G: int) -> int:
+        if G > self.length:
+            self.k, self.v = (F.pad(t, (0, 0, 0, 0, 0, G - self.length)) for t in (self.k, self.v))
+        if not self.free:
+            old = self.rows
+            grow = max(old, 4)
+            self.k, self.v = (F.pad(t, (0, 0, 0, 0, 0, 0, 0, grow)) for t in (self.k, self.v))
+            self.free = list(range(old + grow - 1, old - 1, -1))
+        return self.free.pop()
+
+    def release(self, row: int) -> None:
+        self.free.append(row)
+
+    def layer(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Layer i's k / v as flat rows [R * G, Hkv, D] (row r, position g at r * G + g)."""
+        return self.k[i].flatten(0, 1), self.v[i].flatten(0, 1)
+
+
+@dataclass
+class KeyLayout:
+    """Index tensors of one forward over m requests (N computed rows, T = the longest sequence):
+    where each request's keys come from and where each computed row's K/V go."""
+
+    qidx: torch.Tensor   # [m, n] flat computed row of each query (padded with 0)
+    qmask: torch.Tensor  # [m, n] real queries
+    kmask: torch.Tensor  # [m, T] positions < the request's end
+    kside: torch.Tensor  # [m, T] response positions (from the store; others from the pool)
+    kpool: torch.Tensor  # [m, T] pool slot of each prompt position (0 elsewhere)
+    kstore: torch.Tensor  # [m, T] store row of each response position (0 elsewhere)
+    prow: torch.Tensor   # [n_p] computed rows at prompt positions ...
+    ploc: torch.Tensor   # [n_p] ... and their pool slots
+    srow: torch.Tensor   # [n_s] computed rows at response positions ...
+    sidx: torch.Tensor   # [n_s] ... and their store rows
+
+    @classmethod
+    def build(cls, rows: list[RowPlan], pos: torch.Tensor, r2t: torch.Tensor, G: int) -> "KeyLayout":
+        dev = pos.device
+        P, E, lo, slot, srow = (torch.tensor(v, device=dev) for v in zip(*[
+            (r.resp.P, r.resp.end, r.lo, r.resp.slot, r.resp.row) for r in rows]))
+        n = torch.tensor([r.hi - r.lo for r in rows], device=dev)
+        T, Pm = int(max(r.resp.end for r in rows)), int(max(r.resp.P for r in rows))
+        t = torch.arange(T, device=dev)
+        kmask, kside = t < E[:, None], t >= P[:, None]
+        kpool = F.pad(r2t[slot, :Pm].long(), (0, T - Pm)).masked_fill(kside | ~kmask, 0)
+        kstore = torch.where(kside & kmask, srow[:, None] * G + t - P[:, None], 0)
+        rid = torch.repeat_interleave(torch.arange(len(rows), device=dev), n)  # [N] request of each row
+        prompt = pos < P[rid]
+        loc = r2t[slot[rid], pos.clamp(max=Pm - 1)].long()
+        j = torch.arange(int(n.max()), device=dev)
+        qmask = j < n[:, None]
+        qidx = torch.where(qmask, (n.cumsum(0) - n)[:, None] + j, 0)
+        return cls(qidx, qmask, kmask, kside, kpool, kstore, prompt.nonzero()[:, 0], loc[prompt],
+                   (~prompt).nonzero()[:, 0], (srow[rid] * G + pos - P[rid])[~prompt])
+
+
+class FastDllmForward:
+    """The model side: request info from the ForwardBatch hook, the response K/V store and the forward of
+    the rows a ``ForwardPlan`` names (SGLang's layers; attention over the pool + the store)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.pending: tuple[torch.Tensor, list] | None = None  # (request slots [B], the batch's Reqs)
+        self.plan: ForwardPlan | None = None
+        self.kv: ResponseKV | None = None
+
+    def expect(self, slots: torch.Tensor, reqs: list) -> None:
+        """The next batch's request slots and SGLang ``Req``s (prompt ids, output ids, sampling params,
+        block offset), from the plugin's ``ForwardBatch.init_new`` hook."""
+        self.pending = (slots, list(reqs))
+
+    def requests(self, slots: list[int]) -> list:
+        if self.pending is None or self.pending[0].tolist() != slots:
+            raise RuntimeError("Fast-dLLM cache: no request info for this batch; the dllm-serve SGLang plugin's "
+                               "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
+        return self.pending[1]
+
+    def bind(self, r: Response) -> None:
+        """A response K/V row for a request being decoded."""
+        if r.row is None:
+            if self.kv is None:
+                att = self.model.layers[0].self_attn
+                self.kv = ResponseKV(len(self.model.layers), att.n_kv, att.head_dim, self.model.embed.weight)
+            r.row = self.kv.take(r.G)
+
+    def release(self, r: Response) -> None:
+        if r.row is not None:
+            self.kv.release(r.row)
+            r.row = None
+
+    def active(self, fb: ForwardBatch) -> bool:
+        return self.plan is not None and fb.forward_mode.is_dllm_extend()
+
+    @torch.no_grad()
+    def forward(self, input_ids: torch.Tensor, fb: ForwardBatch):
+        """The planned rows -> SGLang's logits output, ``full_logits`` [B * L, V] over the canvas blocks."""
+        plan, self.plan = self.plan, None
+        if plan.slots != fb.req_pool_indices.tolist():
+            raise RuntimeError("Fast-dLLM cache: the forward's batch is not the one the algorithm planned")
+        m, B = self.model, fb.batch_size
+        L = input_ids.shape[0] // B
+        h = m.embed.weight.new_zeros(B * L, m.args.dim)
+        live = [(b, r) for b, r in enumerate(plan.rows) if r is not None]
+        if live:
+            rows = [r for _, r in live]
+            hid = self.hidden(rows)
+            src, dst, off = [], [], 0
+            for b, r in live:  # logit row of canvas position start + j: hidden state of start + j - shift
+                for j in range(L):
+                    p = r.start + j - plan.shift
+                    if r.lo <= p < r.hi:
+                        src.append(off + p - r.lo)
+                        dst.append(b * L + j)
+                off += r.hi - r.lo
+            h[torch.tensor(dst, device=h.device)] = m.norm(hid[torch.tensor(src, device=h.device)])
+        return m.logits_processor(input_ids, h, m.lm_head, fb)
+
+    def hidden(self, rows: list[RowPlan]) -> torch.Tensor:
+        """Pre-norm final hidden states [N, d] of the rows [lo, hi) of each request, concatenated."""
+        m = self.model
+        dev = m.embed.weight.device
+        pool = get_token_to_kv_pool()
+        if pool.dtype not in (torch.float16, torch.bfloat16, torch.float32) or getattr(pool, "use_hnd", False):
+            raise ValueError("Fast-dLLM cache: the prefix refresh needs an unquantized KV cache in SGLang's slot-row "
+                             f"layout (--kv-cache-dtype auto, no SGLANG_USE_HND_KVCACHE), got {pool.dtype}")
+        pos = torch.cat([torch.arange(r.lo, r.hi, device=dev) for r in rows])  # [N]
+        lay = KeyLayout.build(rows, pos, get_req_to_token_pool().req_to_token, self.kv.length)
+        x = m.embed(torch.cat([r.resp.ids[r.lo:r.hi] for r in rows]))
+        for i, layer in enumerate(m.layers):
+            x = self.layer(layer, i, x, pos, lay, pool)
+        return x
+
+    def layer(self, layer, i: int, x: torch.Tensor, pos: torch.Tensor, lay: KeyLayout, pool) -> torch.Tensor:
+        """One layer over the computed rows x [N, d]: their K/V written (pool / store), queries attending
+        to every position of their request."""
+        att = layer.self_attn
+        N, Hq, Hkv, D = x.shape[0], att.n_heads, att.n_kv, att.head_dim
+        q, k, v = att.qkv(pos, layer.attn_norm(x))
+        k, v = k.view(N, Hkv, D), v.view(N, Hkv, D)
+        if lay.prow.numel():
+            pool.set_kv_buffer(att.attn, lay.ploc, k[lay.prow], v[lay.prow])
+        sk, sv = self.kv.layer(i)
+        sk[lay.sidx], sv[lay.sidx] = k[lay.srow], v[lay.srow]
+        side = lay.kside[..., None, None]
+        lid = att.attn.layer_id
+        K = torch.where(side, sk[lay.kstore], pool.get_key_buffer(lid)[lay.kpool].to(q.dtype))  # [m, T, Hkv, D]
+        V = torch.where(side, sv[lay.kstore], pool.get_value_buffer(lid)[lay.kpool].to(q.dtype))
+        Q = q.view(N, Hq, D)[lay.qidx]  # [m, n, Hq, D]
+        o = F.scaled_dot_product_attention(Q.transpose(1, 2), K.transpose(1, 2), V.transpose(1, 2),
+                                           attn_mask=lay.kmask[:, None, None, :], scale=att.attn.scaling,
+                                           enable_gqa=Hq != Hkv)
+        a, _ = att.o_proj(o.transpose(1, 2)[lay.qmask].reshape(N, Hq * D))
+        h = x + a
+        return h + layer.ffn(h)
