@@ -205,11 +205,8 @@ class FastDllmHost:
 
     def _plan_row(self, r: Response, lo: int, hi: int, shift: int) -> RowPlan:
         """The embedded loop's ``fresh`` range (shifted one left for Dream) -> refresh -> rows recomputed."""
-        s = r.start
-        fresh = torch.tensor([[s + lo - shift, s + hi]])
-        refresh = bool(self.policy.refresh(r.key, r.age, fresh, torch.ones(1, dtype=torch.bool)))  # updates key, age
-        a, c0, c1 = self.policy.host_rows(refresh, s + lo - shift, s + hi, r.P, r.G)
-        return RowPlan(r, a if a < r.P else r.P + c0, r.P + c1, s)
+        a, c0, c1 = self.policy.host_step(r.key, r.age, r.start, (lo, hi), shift, r.P, r.G)
+        return RowPlan(r, a if a < r.P else r.P + c0, r.P + c1, r.start)
 
 
 class ResponseKV:

@@ -383,12 +383,9 @@ class DllmModelState(ModelState):
         Lb, shift = pol.block_length, int(self.model.shift_logits)
         idx = self._rows([slot])
         blk = st.canvas[idx, b * Lb:(b + 1) * Lb]
-        flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
-        s0 = prefix + b * Lb
-        fresh = torch.tensor([[s0 + int(flo) - shift, s0 + int(fhi)]])
-        key, age = st.fd_key[slot:slot + 1], st.fd_age[slot:slot + 1]
-        refresh = bool(pol.cache.refresh(key, age, fresh, torch.ones(1, dtype=torch.bool)))  # updates key, age
-        a, c0, c1 = pol.cache.host_rows(refresh, *fresh[0].tolist(), prefix, width)
+        focus = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
+        a, c0, c1 = pol.cache.host_step(st.fd_key[slot:slot + 1], st.fd_age[slot:slot + 1], prefix + b * Lb,
+                                        (int(focus[0]), int(focus[1])), shift, prefix, width)
         return prefix - a, (c0, c1)
 
     def _extension(self, ib, slots, qlen, extra) -> Extension:
