@@ -70,7 +70,7 @@ def main() -> None:
     prompts, stop = prompts_of(tok, examples), stop_ids(tok, model)
     sampler = args.sampler if args.algorithm == "DllmCore" else f"threshold:tau={args.tau}"
     cache = "none" if args.cache == "canvas" else args.cache
-    ref = generate_batched(model, prompts, task_config(task, sampler, cache), batch_size=1)  # unbatched rows
+    ref = generate_batched(model, prompts, task_config(task, sampler, cache), batch_size=32)  # rows = unbatched runs
     van = generate_batched(model, prompts, task_config(task, sampler, "none"), batch_size=32)
     got, seconds = run_sglang(args, task, prompts, model.args.mask_token_id)
 

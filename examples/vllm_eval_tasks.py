@@ -20,7 +20,7 @@ from dataclasses import replace
 import torch
 
 from dllm_core import load_model, load_tokenizer
-from dllm_core.cache import CanvasCache, host_cache
+from dllm_core.cache import CanvasCache, DLLMCache, host_cache
 from dllm_core.cli import decode, stop_ids
 from dllm_core.tasks import make_task
 from dllm_core.tasks.evaluate import generate_batched, prompts_of, task_config
@@ -76,7 +76,9 @@ def main() -> None:
     if isinstance(policy, CanvasCache):
         policy = replace(policy, blocks=args.blocks)
     ref_cfg, vanilla_cfg = task_config(task, args.sampler, policy), task_config(task, args.sampler, "none")
-    ref = generate_batched(model, prompts, ref_cfg, batch_size=32, canvas_length=canvas_len)
+    # a host request keeps its own dLLM-Cache step counter; an embedded batch shares one: unbatched rows
+    ref = generate_batched(model, prompts, ref_cfg, batch_size=1 if isinstance(policy, DLLMCache) else 32,
+                           canvas_length=canvas_len)
     van = generate_batched(model, prompts, vanilla_cfg, batch_size=32)
     got, seconds = run_vllm(args, task, prompts, ref_cfg.steps_per_block)
     result = {
