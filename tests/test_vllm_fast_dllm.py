@@ -51,11 +51,14 @@ CASES = {
                              "slowfast", "dual", BLOCK, BLOCK),
     "prefix_stream": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "prefix", "dllm_block_length": BLOCK,
                        "dllm_stream": True}, "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
+    "dllm_stream": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK, "dllm_stream": True,
+                     "dllm_cache": "dllm:kp=3,kr=2,rho=0.5"}, "threshold:tau=0.6", "dllm:kp=3,kr=2,rho=0.5", BLOCK, BLOCK),
     # max_tokens 16 < canvas_length 24: the canvas is cut at max_tokens (gen_length 16)
     "dual_max_tokens": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK}, "threshold:tau=0.6",
                         "dual", BLOCK, BLOCK, 16),
 }
-INVALID = {"stream_needs_fast_dllm": {"dllm_stream": True, "dllm_cache": "none"}}
+INVALID = {"stream_needs_fast_dllm": {"dllm_stream": True, "dllm_cache": "none"},
+           "stream_dllm_too_long": {"dllm_stream": True, "dllm_cache": "dllm", "max_tokens": 32}}
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +70,8 @@ def checkpoints(tmp_path_factory):
 def engines(checkpoints):
     batch = [{"prompt_token_ids": p, "params": {"max_tokens": gen_of(case), "ignore_eos": True, "extra_args": case[0]}}
              for case in CASES.values() for p in PROMPTS]
-    invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}} for xa in INVALID.values()]
+    invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": xa.get("max_tokens", 8),
+                "extra_args": {k: v for k, v in xa.items() if k != "max_tokens"}}} for xa in INVALID.values()]
     engine = {**ENGINE, "diffusion_config": {"canvas_length": GEN}}
     procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid, "work": True})
              for a, d in checkpoints.items()}
@@ -114,10 +118,13 @@ def test_the_caches_change_the_output(served):
 
 def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
     _, _, errors, _ = served
-    assert "extra_args.dllm_stream needs Fast-dLLM's prefix or dual cache" in errors["stream_needs_fast_dllm"]
+    assert "extra_args.dllm_stream needs a cache that refreshes the prefix" in errors["stream_needs_fast_dllm"]
+    assert "max_tokens 32: a streamed dLLM-Cache response must fit the served canvas_length 24" in \
+        errors["stream_dllm_too_long"]
 
 
-@pytest.mark.parametrize("case", ["dual_threshold", "prefix_threshold", "dllm_threshold", "dual_stream"])
+@pytest.mark.parametrize("case", ["dual_threshold", "prefix_threshold", "dllm_threshold", "dual_stream",
+                                  "dllm_stream"])
 def test_work_counters_equal_the_embedded_engine(served, case):
     """The host reports each request's work in the embedded engine's units: the same token-layer
     evaluations and vanilla baseline; vLLM's prompt prefill and its commit forwards run no layer

@@ -62,7 +62,7 @@ def config_hook():
                 vllm_config.diffusion_config = DiffusionConfig(
                     canvas_length=getattr(mc.hf_config, "canvas_length", None) or DEFAULT_CANVAS)
             SERVED["canvas_length"] = vllm_config.diffusion_config.canvas_length
-            DllmOptions.from_additional_config(vllm_config.additional_config)  # fail fast at startup
+            SERVED["defaults"] = DllmOptions.from_additional_config(vllm_config.additional_config)  # fail fast
             # The prompt is prefilled bidirectionally: its K/V depend on the whole prompt, so a
             # prompt must be prefilled in one chunk and never shared through prefix caching.
             cc.enable_prefix_caching = False

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from dllm_core.cache import CachePolicy, PrefixCache, host_cache
+from dllm_core.cache import CachePolicy, DLLMCache, PrefixCache, host_cache
 from dllm_core.options import OptionError, check_value
 from dllm_core.sampling import Sampler, make_sampler
 
 PREFIX = "dllm_"
-SERVED = {"canvas_length": None}  # set by the config hook in every process that builds a config
+SERVED = {"canvas_length": None, "defaults": None}  # set by the config hook in every process that builds a config
 
 
 @dataclass(frozen=True)
@@ -25,7 +25,7 @@ class DllmOptions:
     ``temperature``: > 0 samples proposals (Gumbel-max), 0 = greedy; ``logits_eos_inf`` /
     ``confidence_eos_eot_inf``: LLaDA-Instruct's EOS / EOT suppression (``eot_id``: the EOT token);
     ``stream``: emit each block as soon as it is decoded, the next canvas being the rest of the response
-    (prefix / dual caches; with ``canvas_length >= max_tokens`` the embedded engine's output);
+    (prefix / dual / dllm caches; with ``canvas_length >= max_tokens`` the embedded engine's output);
     ``seed``: seeds the server's generator for sampled proposals (server-wide only)."""
 
     sampler: str = "low_confidence"
@@ -42,9 +42,9 @@ class DllmOptions:
     def __post_init__(self):
         make_sampler(self.sampler)
         cache = host_cache(self.cache)
-        if self.stream and not isinstance(cache, PrefixCache):
-            raise OptionError("stream", f"needs Fast-dLLM's prefix or dual cache (their prefix is refreshed with each "
-                              f"block), got cache {self.cache!r}")
+        if self.stream and not isinstance(cache, (PrefixCache, DLLMCache)):
+            raise OptionError("stream", f"needs a cache that refreshes the prefix (prefix, dual, dllm), got cache "
+                              f"{self.cache!r}")
         if self.steps is not None and self.steps < 1:
             raise ValueError(f"steps must be >= 1, got {self.steps}")
         if self.block_length is not None:
@@ -98,9 +98,13 @@ class DllmOptions:
         return host_cache(self.cache)
 
 
-def validate_request(sampling_params) -> None:
+def validate_request(sampling_params, defaults: DllmOptions | None = None) -> None:
     """Admission check of one request (raises ValueError with the offending option)."""
-    DllmOptions().with_request(getattr(sampling_params, "extra_args", None))
+    opts = (defaults or SERVED["defaults"] or DllmOptions()).with_request(getattr(sampling_params, "extra_args", None))
+    max_tokens, canvas = getattr(sampling_params, "max_tokens", None), SERVED["canvas_length"]
+    if opts.stream and isinstance(opts.cache_obj(), DLLMCache) and canvas and max_tokens and max_tokens > canvas:
+        raise ValueError(f"max_tokens {max_tokens}: a streamed dLLM-Cache response must fit the served canvas_length "
+                         f"{canvas} (its features span the response)")
     if getattr(sampling_params, "logprobs", None) is not None:
         raise ValueError("logprobs: not supported for diffusion models served by the dllm adapter")
     if getattr(sampling_params, "prompt_logprobs", None) is not None:

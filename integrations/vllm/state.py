@@ -140,6 +140,8 @@ class DllmStates:
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
         self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
         self.response_left = np.zeros(max_reqs, dtype=np.int64)  # max_tokens not emitted yet
+        self.prompt_len = np.zeros(max_reqs, dtype=np.int64)
+        self.request_steps = np.zeros(max_reqs, dtype=np.int64)  # denoise steps of a streamed dLLM-Cache request
         self.fd_key = torch.full((max_reqs, 2), -1, dtype=torch.long)  # Fast-dLLM refresh rule (host)
         self.fd_age = torch.zeros(max_reqs, dtype=torch.long)
         self.slot_states: dict[tuple, SlotStates] = {}
@@ -170,6 +172,7 @@ class DllmStates:
         self.req_ids[slot] = req_id
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.response_left[slot] = getattr(sampling_params, "max_tokens", None) or self.canvas_len
+        self.prompt_len[slot], self.request_steps[slot] = len(prompt), 0
         self.fd_key[slot], self.fd_age[slot] = -1, 0
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
         if pol.cached and self.features is None:
@@ -281,6 +284,8 @@ class DllmModelState(ModelState):
         # max_tokens and streaming), the served width (block-canvas); others (cut short) run exact
         lb = np.array([p.block_length if p is not None else 1 for p in pol])
         whole = np.where(fast | dcache, qlen % lb == 0, qlen == st.canvas_len)
+        spans = ib.num_computed_tokens_np[:n] - st.prompt_len[slots] + qlen  # a streamed response so far
+        whole &= ~(dcache & np.array([p is not None and p.stream for p in pol], dtype=bool) & (spans > st.canvas_len))
         prefix = ib.num_computed_tokens_np[:n]
         extra, fixed = np.zeros(n, dtype=np.int64), {}
         for i in np.flatnonzero(fast & whole & denoise):
@@ -341,25 +346,30 @@ class DllmModelState(ModelState):
         return self._rows(first[:, None] + np.arange(width))  # [m, width]
 
     def _dllm_cache_regions(self, slot: int, start: int, prefix: int, width: int) -> list[Region]:
-        """dLLM-Cache for one request: its prefix rows and its canvas rows, each recomputed per layer by
-        ``DLLMCache.recomputes`` at the request's step (the prefix's features live per request)."""
+        """dLLM-Cache for one request: its prompt rows and its response rows, each recomputed per layer by
+        ``DLLMCache.recomputes`` at the request's step (the prompt's features live per request). A canvas
+        is a generation of its own (prompt = everything before it); a streamed response is one
+        generation (prompt = the request's prompt, response = emitted blocks + canvas, one step counter)."""
         st = self.states
-        pol = st.policy[slot].cache
-        c = int(st.progress.block_steps[slot] if pol.per_block else st.progress.steps[slot])
+        pol, stream = st.policy[slot].cache, st.policy[slot].stream
+        P = st.prompt_len[slot] if stream else prefix  # the dLLM-Cache prompt part
+        c = int(st.progress.block_steps[slot] if pol.per_block else
+                st.request_steps[slot] if stream else st.progress.steps[slot])
+        st.request_steps[slot] += 1
         store = st.prompt_features.get(slot)
-        if c == 0 or store is None or store.length != prefix:  # a full step: nothing stale is read
+        if c == 0 or store is None or store.length != P:  # a full step: nothing stale is read
             n_layers, kv = st.feature_shape
-            store = st.prompt_features[slot] = FeatureStore(n_layers, 1, prefix, kv, st.args.dim, st.last_hidden)
-        one = self._rows([0])
+            store = st.prompt_features[slot] = FeatureStore(n_layers, 1, P, kv, st.args.dim, st.last_hidden)
+        G = prefix - P + width  # response rows: [P, prefix + width), features at columns [0, G) of the slot
 
         def plan(layer, prompt, L):
             full, verify = pol.recomputes(c, layer, prompt)
             return torch.full((1, L), full, dtype=torch.bool, device=self.device), [verify]
 
-        return [Region(self._rows([[start + j for j in range(prefix)]]), one, store, None,
-                       lambda layer: plan(layer, True, prefix)),
-                Region(self._canvas_rows(np.array([start + prefix]), width), self._rows([slot]), st.features, pol,
-                       lambda layer: plan(layer, False, width))]
+        return [Region(self._rows(start + np.arange(P)[None]), self._rows([0]), store, None,
+                       lambda layer: plan(layer, True, P)),
+                Region(self._canvas_rows(np.array([start + P]), G), self._rows([slot]), st.features, pol,
+                       lambda layer: plan(layer, False, G))]
 
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
