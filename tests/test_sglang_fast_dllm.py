@@ -153,9 +153,11 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
 
 
 BAD = [("FastDllmThreshold", "cache: triple",
-        r"FastDllmThreshold\.cache: unknown policy 'triple'; allowed: \['canvas', 'dual', 'none', 'prefix'\]"),
-       ("DllmCore", "cache: dllm", r"DllmCore\.cache: unknown policy 'dllm' \(dLLM-Cache with prompt refresh is "
-                                   r"not served by SGLang\); allowed: \['canvas', 'dual', 'none', 'prefix'\]"),
+        r"FastDllmThreshold\.cache: unknown policy 'triple'; allowed: \['canvas', 'dllm', 'dual', 'none', 'prefix'\]"),
+       ("DllmCore", "cache: 'dllm:kp=0'", r"DllmCore\.cache\.kp must be >= 1, got 0"),
+       ("DllmCore", "cache: 'dllm:graphs=false'",
+        r"DllmCore\.cache: dllm has no option 'graphs'; allowed: \['first_layer', 'kp', 'kr', 'metric', 'per_block', "
+        r"'rho', 'seed', 'select'\]"),
        ("SlowFast", "cache: 'dual:every=-1'", r"SlowFast\.cache\.every must be >= 0 \(0 = refresh only per block\), "
                                               r"got -1"),
        ("SlowFast", "cache: 'prefix:every=x'", r"SlowFast\.cache prefix\.every: cannot parse 'x' as int"),

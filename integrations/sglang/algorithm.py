@@ -8,8 +8,9 @@ commits back into ``input_ids`` in place and reports per row whether the block *
 before this step (the sampler's ``rows_done``; SGLang's contract: the forward after the last
 commit persists the block's K/V).
 
-With Fast-dLLM's ``cache: prefix`` / ``dual`` the algorithm instead runs the embedded engine's loop
-over each request's whole response (``fast_dllm.FastDllmHost``): SGLang's block is a window onto it.
+With Fast-dLLM's ``cache: prefix`` / ``dual`` or dLLM-Cache's ``cache: dllm`` the algorithm instead runs the
+embedded engine's loop over each request's whole response (``fast_dllm.FastDllmHost``): SGLang's block is a
+window onto it.
 
 Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in the core's ``SlotStates``,
 one row per SGLang request slot (``req_pool_indices``): batches change between rounds
@@ -105,10 +106,14 @@ class DllmCoreAlgorithm(DllmAlgorithm):
                 raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{key} needs one of the "
                                  f"dllm-serve models {list(ARCHS)}, got {arch}")
         if opts.fast_dllm is not None:
-            disable_cuda_graphs(server_args, f"{cls.__name__}: cache {opts.fast_dllm.name} (Fast-dLLM) runs "
-                                             f"data-dependent rows")
-            disable_radix_cache(server_args, f"{cls.__name__}: cache {opts.fast_dllm.name} (Fast-dLLM) rewrites "
-                                             f"each request's prefix K/V in place")
+            name = opts.fast_dllm.name
+            kind = "dLLM-Cache" if name == "dllm" else "Fast-dLLM"
+            if name == "dllm" and cfg.tp_size > 1:
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.cache: dllm needs --tp-size 1 "
+                                 f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
+            disable_cuda_graphs(server_args, f"{cls.__name__}: cache {name} ({kind}) runs data-dependent rows")
+            disable_radix_cache(server_args, f"{cls.__name__}: cache {name} ({kind}) rewrites each request's "
+                                             f"prefix K/V in place")
         if opts.caching:
             if cfg.tp_size > 1:
                 raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs --tp-size 1 "

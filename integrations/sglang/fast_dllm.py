@@ -24,6 +24,14 @@ block is only a window onto the request's canvas:
   K/V from the pool ; the response's K/V from the store]. Its logits rows are the canvas block's
   (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b; zeros where not computed).
 
+dLLM-Cache with prompt refresh (``cache: dllm``, dllm_core ``DLLMCache``) runs on the same canvas and host
+loop: every step plans the whole sequence [0, P + G) of each request at its own step counter c (its steps
+so far, or the block's with ``per_block``), and ``FastDllmForward.cached_hidden`` runs each layer through
+dllm_core's executor (``CachedStep``) with two ``Region``s per request - its prompt and its response, each
+recomputed as ``DLLMCache.recomputes(c, layer, part)`` says, the response's adaptive rows picked by V-verify
+over the response positions - with the features (K, V, attention and FFN outputs) kept per request
+(``RequestFeatures``); a layer that recomputed the prompt writes its K/V into SGLang's pool.
+
 The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plugin's hook on
 ``ForwardBatch.init_new`` hands the batch's requests to the model (``FastDllmForward.expect``). The
 in-place prefix refresh needs request-private KV slots: the radix cache is turned off at launch.
@@ -35,7 +43,10 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from dllm_core.cache import PrefixCache
+from types import SimpleNamespace
+
+from dllm_core.cache import DLLMCache, PrefixCache
+from dllm_core.cache.executor import CachedStep, FeatureStore, Region
 from dllm_core.engine.step import SlotStates, denoise_step, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
@@ -62,6 +73,8 @@ class Response:
         self.key = torch.full((1, 2), -1, dtype=torch.long)  # PrefixCache.refresh state
         self.age = torch.zeros(1, dtype=torch.long)
         self.row: int | None = None  # ResponseKV row while decoding
+        self.feats: RequestFeatures | None = None  # dLLM-Cache features while decoding
+        self.steps = self.block_steps = 0  # dLLM-Cache step counters: this generation's steps, this block's
 
     @property
     def end(self) -> int:
@@ -88,6 +101,7 @@ class RowPlan:
     lo: int
     hi: int
     start: int
+    step: int = 0  # dLLM-Cache: the request's step counter c (0 = first step: every layer recomputed)
 
 
 @dataclass
@@ -97,6 +111,7 @@ class ForwardPlan:
     slots: list[int]
     rows: list[RowPlan | None]
     shift: int  # Dream: the logit row of position i is the hidden state of i - 1
+    cache: DLLMCache | None = None  # dLLM-Cache: every row [0, P + G) runs, per layer as ``recomputes`` says
 
 
 class FastDllmHost:
@@ -104,7 +119,7 @@ class FastDllmHost:
     rows per request slot (dllm_core ``SlotStates``), refresh decisions (``PrefixCache.refresh`` /
     ``host_rows``) and commits (``denoise_step``). ``prepare`` plans a forward, ``step`` takes it."""
 
-    def __init__(self, policy: PrefixCache, sampler: Sampler, steps: int, L: int, mask_id: int):
+    def __init__(self, policy: PrefixCache | DLLMCache, sampler: Sampler, steps: int, L: int, mask_id: int):
         self.policy, self.sampler, self.steps, self.L, self.mask_id = policy, sampler, steps, L, mask_id
         self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
         self.rows: SlotStates | None = None
@@ -126,7 +141,8 @@ class FastDllmHost:
         live = [b for b, (r, q, o) in enumerate(zip(resps, reqs, offsets))
                 if not r.decoded and o + self.L > len(q.origin_input_ids) + len(q.output_ids)]
         shift = int(model.core_cls.shift_logits)
-        fwd.plan = ForwardPlan(slots, self._plan(resps, live, shift), shift)
+        dllm = self.policy if isinstance(self.policy, DLLMCache) else None
+        fwd.plan = ForwardPlan(slots, self._plan(resps, live, shift), shift, dllm)
         self.batch = (resps, offsets, live)
 
     def _plan(self, resps: list[Response], live: list[int], shift: int) -> list[RowPlan | None]:
@@ -140,6 +156,12 @@ class FastDllmHost:
             self.rows.begin_block(idx[new], x[new] == self.mask_id)
             for j in new:
                 resps[live[j]].new = False
+                resps[live[j]].block_steps = 0
+        if isinstance(self.policy, DLLMCache):  # no focus: every step runs the whole sequence
+            for b in live:
+                rows[b] = self._plan_dllm(resps[b])
+                self.fwd.bind(resps[b], self.policy)
+            return rows
         flo, fhi = plan_step(self.sampler, self.rows.gather(idx), x == self.mask_id).focus
         for b, lo, hi in zip(live, flo.tolist(), fhi.tolist()):
             rows[b] = self._plan_row(resps[b], lo, hi, shift)
@@ -202,6 +224,13 @@ class FastDllmHost:
         """Request slots [m] and canvas blocks [m, L] of the live rows."""
         x = torch.stack([resps[b].block_ids() for b in live])
         return torch.tensor([resps[b].slot for b in live], device=x.device), x
+
+    def _plan_dllm(self, r: Response) -> RowPlan:
+        """dLLM-Cache: the whole sequence, at the request's step counter (the embedded ``DLLMCacheState``:
+        the generation's steps, or the block's with ``per_block``)."""
+        c = r.block_steps if self.policy.per_block else r.steps
+        r.steps, r.block_steps = r.steps + 1, r.block_steps + 1
+        return RowPlan(r, 0, r.end, r.start, c)
 
     def _plan_row(self, r: Response, lo: int, hi: int, shift: int) -> RowPlan:
         """The embedded loop's ``fresh`` range (shifted one left for Dream) -> refresh -> rows recomputed."""
@@ -302,8 +331,14 @@ class FastDllmForward:
                                "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
         return self.pending[1]
 
-    def bind(self, r: Response) -> None:
-        """A response K/V row for a request being decoded."""
+    def bind(self, r: Response, cache: DLLMCache | None = None) -> None:
+        """A response K/V row for a request being decoded (dLLM-Cache: its prompt / response features)."""
+        if cache is not None:
+            if r.feats is None:
+                att = self.model.layers[0].self_attn
+                r.feats = RequestFeatures.new(cache, len(self.model.layers), r.P, r.G, att.n_kv * att.head_dim,
+                                              self.model.args.dim, self.model.embed.weight)
+            return
         if r.row is None:
             if self.kv is None:
                 att = self.model.layers[0].self_attn
@@ -311,6 +346,7 @@ class FastDllmForward:
             r.row = self.kv.take(r.G)
 
     def release(self, r: Response) -> None:
+        r.feats = None
         if r.row is not None:
             self.kv.release(r.row)
             r.row = None
@@ -330,7 +366,7 @@ class FastDllmForward:
         live = [(b, r) for b, r in enumerate(plan.rows) if r is not None]
         if live:
             rows = [r for _, r in live]
-            hid = self.hidden(rows)
+            hid = self.hidden(rows) if plan.cache is None else self.cached_hidden(rows, plan.cache)
             src, dst, off = [], [], 0
             for b, r in live:  # logit row of canvas position start + j: hidden state of start + j - shift
                 for j in range(L):
@@ -342,14 +378,19 @@ class FastDllmForward:
             h[torch.tensor(dst, device=h.device)] = m.norm(hid[torch.tensor(src, device=h.device)])
         return m.logits_processor(input_ids, h, m.lm_head, fb)
 
+    @staticmethod
+    def pool(name: str = "Fast-dLLM cache: the prefix refresh"):
+        pool = get_token_to_kv_pool()
+        if pool.dtype not in (torch.float16, torch.bfloat16, torch.float32) or getattr(pool, "use_hnd", False):
+            raise ValueError(f"{name} needs an unquantized KV cache in SGLang's slot-row "
+                             f"layout (--kv-cache-dtype auto, no SGLANG_USE_HND_KVCACHE), got {pool.dtype}")
+        return pool
+
     def hidden(self, rows: list[RowPlan]) -> torch.Tensor:
         """Pre-norm final hidden states [N, d] of the rows [lo, hi) of each request, concatenated."""
         m = self.model
         dev = m.embed.weight.device
-        pool = get_token_to_kv_pool()
-        if pool.dtype not in (torch.float16, torch.bfloat16, torch.float32) or getattr(pool, "use_hnd", False):
-            raise ValueError("Fast-dLLM cache: the prefix refresh needs an unquantized KV cache in SGLang's slot-row "
-                             f"layout (--kv-cache-dtype auto, no SGLANG_USE_HND_KVCACHE), got {pool.dtype}")
+        pool = self.pool()
         pos = torch.cat([torch.arange(r.lo, r.hi, device=dev) for r in rows])  # [N]
         lay = KeyLayout.build(rows, pos, get_req_to_token_pool().req_to_token, self.kv.length)
         x = m.embed(torch.cat([r.resp.ids[r.lo:r.hi] for r in rows]))
@@ -379,3 +420,102 @@ class FastDllmForward:
         a, _ = att.o_proj(o.transpose(1, 2)[lay.qmask].reshape(N, Hq * D))
         h = x + a
         return h + layer.ffn(h)
+
+    def cached_hidden(self, rows: list[RowPlan], cache: DLLMCache) -> torch.Tensor:
+        """dLLM-Cache: pre-norm final hidden states [N, d] of every position [0, P + G) of each request,
+        concatenated. Each layer runs through dllm_core's executor (``CachedStep``) with two regions per
+        request - its prompt (features per request, no adaptive pick) and its response (V-verify over the
+        response positions) - each recomputed as ``DLLMCache.recomputes(c, layer, part)`` says at the
+        request's step c; the prompt's K/V of the layers that recomputed it are written into SGLang's pool."""
+        m = self.model
+        dev = m.embed.weight.device
+        pool = self.pool("dLLM-Cache: the prompt refresh")
+        ends = [r.resp.end for r in rows]
+        off = [0, *torch.tensor(ends).cumsum(0).tolist()]
+        pos = torch.cat([torch.arange(e, device=dev) for e in ends])  # [N]
+        x = m.embed(torch.cat([r.resp.ids for r in rows]))
+        regions, zero = [], torch.zeros(1, dtype=torch.long, device=dev)
+        for r, o in zip(rows, off):
+            P, G, f = r.resp.P, r.resp.G, r.resp.feats
+            for part, (a, n, store, reuse) in enumerate(((0, P, f.prompt, None), (P, G, f.response, f.reuse))):
+                def plan(layer, c=r.step, prompt=part == 0, n=n):
+                    full, verify = cache.recomputes(c, layer, prompt)
+                    return torch.full((1, n), full, dtype=torch.bool, device=dev), [verify]
+                regions.append(Region(torch.arange(o + a, o + a + n, device=dev)[None], zero, store, reuse, plan))
+        step = CachedStep(regions)
+        attend = SdpaAttend(off, dev)
+        r2t = get_req_to_token_pool().req_to_token
+        ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
+        for i, layer in enumerate(m.layers):
+            att = layer.self_attn
+            ops = SimpleNamespace(qkv=lambda h, p, layer=layer: layer.self_attn.qkv(p, layer.attn_norm(h)),
+                                  value=lambda h, layer=layer: layer.self_attn.value(layer.attn_norm(h)),
+                                  attend=lambda q, k, v, ridx, att=att: attend(att, q, k, v, ridx), ffn=layer.ffn)
+            x = step.layer(ops, x, pos, i)
+            if any(cache.recomputes(r.step, i, True)[0] for r in rows):  # the prompts' K/V moved: into the pool
+                k, v = (torch.cat([b[i, 0] for b in bufs]) for bufs in zip(*[
+                    (r.resp.feats.prompt.bufs[0], r.resp.feats.prompt.bufs[1]) for r in rows]))
+                pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim),
+                                   v.view(-1, att.n_kv, att.head_dim))
+        return x
+
+
+class SeededReuse:
+    """A request's ``DLLMCache`` with its own generator for ``select=random`` (the embedded state seeds one
+    per generation with ``seed``), so the picks do not depend on the other requests of the batch."""
+
+    def __init__(self, policy: DLLMCache, device):
+        self.policy, self.gen = policy, torch.Generator(device).manual_seed(policy.seed)
+
+    @property
+    def select(self) -> str:
+        return self.policy.select
+
+    def n_update(self, candidates: int) -> int:
+        return self.policy.n_update(candidates)
+
+    def pick(self, new, old, n, generator=None):
+        return self.policy.pick(new, old, n, self.gen)
+
+
+@dataclass
+class RequestFeatures:
+    """One request's dLLM-Cache features for every layer: its prompt's [n_layers, 1, P, *] and its
+    response's [n_layers, 1, G, *] (dllm_core ``FeatureStore``s), and its V-verify policy."""
+
+    prompt: FeatureStore
+    response: FeatureStore
+    reuse: SeededReuse
+
+    @classmethod
+    def new(cls, cache: DLLMCache, n_layers: int, P: int, G: int, kv: int, d: int, like: torch.Tensor):
+        return cls(FeatureStore(n_layers, 1, P, kv, d, like), FeatureStore(n_layers, 1, G, kv, d, like),
+                   SeededReuse(cache, like.device))
+
+
+class SdpaAttend:
+    """dllm_core ``LayerOps.attend`` over m requests laid out back to back in the forward's rows
+    (request i: rows [off[i], off[i + 1]), its whole sequence): each recomputed query attends
+    bidirectionally to every position of its own request (torch SDPA)."""
+
+    def __init__(self, off: list[int], device):
+        self.off = torch.tensor(off, device=device)
+        n = self.off.diff()
+        t = torch.arange(int(n.max()), device=device)
+        self.kmask = t < n[:, None]                                    # [m, T]
+        self.kidx = torch.where(self.kmask, self.off[:-1, None] + t, 0)  # [m, T] row of each key
+
+    def __call__(self, att, q, k, v, ridx):
+        D, Hq, Hkv = att.head_dim, att.n_heads, att.n_kv
+        rid = torch.searchsorted(self.off[1:], ridx, right=True)  # request of each query row (ridx ascending)
+        n = torch.bincount(rid, minlength=self.kmask.shape[0])
+        j = torch.arange(int(n.max()), device=q.device)
+        qmask = j < n[:, None]
+        qidx = torch.where(qmask, (n.cumsum(0) - n)[:, None] + j, 0)
+        Q = q.view(-1, Hq, D)[qidx].transpose(1, 2)            # [m, Hq, nq, D]
+        K = k.view(-1, Hkv, D)[self.kidx].transpose(1, 2)      # [m, Hkv, T, D]
+        V = v.view(-1, Hkv, D)[self.kidx].transpose(1, 2)
+        o = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.kmask[:, None, None, :], scale=att.attn.scaling,
+                                           enable_gqa=Hq != Hkv)
+        out, _ = att.o_proj(o.transpose(1, 2)[qmask].reshape(q.shape[0], Hq * D))
+        return out

@@ -11,8 +11,9 @@ One YAML mapping per launch. Keys:
 * ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
   first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
 * ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``, the default: SGLang's block
-  canvas) or Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) with the
-  embedded engine's semantics (``fast_dllm.py``); exclusive with ``dllm_cache``;
+  canvas), Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) or dLLM-Cache
+  ``dllm`` (``dllm:kp=4,kr=2,rho=0.25``: every ``DLLMCache`` option) with the embedded engine's semantics
+  over the whole response (``fast_dllm.py``); exclusive with ``dllm_cache``;
 * ``block_size``: read by SGLang itself (``DllmConfig``).
 
 Every value is validated by constructing the dllm_core object, so a bad option fails at launch
@@ -24,7 +25,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dllm_core.cache import DualCache, PrefixCache
+from dllm_core.cache import DLLMCache, DualCache, PrefixCache
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.options import OptionError, check_value, parse_spec
 from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
@@ -35,12 +36,12 @@ HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
 CACHE_KEY = "dllm_cache"
 POLICY_KEY = "cache"
 BLOCK_CANVAS = ("canvas", "none")  # SGLang's own block-canvas semantics (dLLM-Cache over it: ``dllm_cache``)
-FAST_DLLM = {c.name: c for c in (PrefixCache, DualCache)}
+FAST_DLLM = {c.name: c for c in (PrefixCache, DualCache, DLLMCache)}  # policies over the request's whole response
 NOT_IN_SGLANG = ("graphs", "blocks")  # reference-engine knobs with no meaning inside SGLang (its canvas is one block)
 
 
-def parse_policy(algo: str, value) -> PrefixCache | None:
-    """``cache: <spec>`` -> the Fast-dLLM policy (None: SGLang's block canvas), by dllm_core's spec parser;
+def parse_policy(algo: str, value) -> PrefixCache | DLLMCache | None:
+    """``cache: <spec>`` -> the Fast-dLLM / dLLM-Cache policy (None: SGLang's block canvas), by dllm_core's spec parser;
     errors name ``<algo>.cache`` and the allowed values."""
     where = f"{algo}.{POLICY_KEY}"
     spec = check_value(value, "str", where)
@@ -52,12 +53,12 @@ def parse_policy(algo: str, value) -> PrefixCache | None:
         raise ValueError(f"{where}: {name} takes no options (dLLM-Cache over SGLang's block: {CACHE_KEY}: "
                          f"{{kr: .., rho: ..}}), got {spec!r}")
     if name not in FAST_DLLM:
-        note = " (dLLM-Cache with prompt refresh is not served by SGLang)" if name == "dllm" else ""
-        raise ValueError(f"{where}: unknown policy {name!r}{note}; allowed: {allowed}")
+        raise ValueError(f"{where}: unknown policy {name!r}; allowed: {allowed}")
     keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
-    extra = sorted(set(keys) - {"every"})
+    known = sorted(options_of(FAST_DLLM[name], NOT_IN_SGLANG))
+    extra = sorted(set(keys) - set(known))
     if extra:
-        raise ValueError(f"{where}: {name} has no option {extra[0]!r}; allowed: ['every']")
+        raise ValueError(f"{where}: {name} has no option {extra[0]!r}; allowed: {known}")
     try:
         return parse_spec(spec, FAST_DLLM, where)
     except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
@@ -107,7 +108,7 @@ class AlgorithmOptions:
 
     sampler: Sampler
     cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
-    fast_dllm: PrefixCache | None = None  # Fast-dLLM prefix / dual (the embedded engine's semantics)
+    fast_dllm: PrefixCache | DLLMCache | None = None  # cache: prefix / dual / dllm (the embedded engine's semantics)
     steps: int | None = None          # fixed-schedule samplers: denoising steps per block
     temperature: float = 0.0
     top_p: float | None = None

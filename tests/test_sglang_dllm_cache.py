@@ -1,0 +1,121 @@
+"""dLLM-Cache (``cache: dllm`` in ``--dllm-algorithm-config``) in SGLang equals the embedded engine with the
+same policy, token for token.
+
+On the CPU stand-in (``integrations/sglang/testing.py``), several prompts of different lengths decode
+concurrently through SGLang's block scheduler (``fast_dllm.py``: the per-request canvas, SGLang's block a
+window onto it); every step runs each request's whole sequence, per layer recomputing what
+``DLLMCache.recomputes`` says at the request's own step counter. Each output equals the UNBATCHED
+``generate(model, [prompt], GenerationConfig(..., cache="dllm:..."))`` (the embedded engine shares one
+step counter across a batch's rows).
+"""
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from integrations.sglang.algorithm import DllmCore, FastDllmThreshold, SlowFast  # noqa: E402
+from integrations.sglang.testing import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+
+L, GEN = 8, 24
+PROMPTS = [[20 + i for i in range(5)], [40 + 3 * i for i in range(L)], [60 + i for i in range(13)]]
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    load_plugins()
+    out = {}
+    for a in ("llada", "dream"):
+        d = build_tiny_checkpoint(tmp_path_factory.mktemp(f"sg_dc_{a}"), a)
+        out[a] = (load_sglang_model(d), load_model(d))
+    return out
+
+
+def serve(sg, mask, cls, cfg, cache, fdfo):
+    algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
+    return BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS))).generate(PROMPTS, GEN, mask)
+
+
+def reference(ref, spec, steps, cache):
+    cfg = GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec, cache=cache)
+    return [generate(ref, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+
+
+THRESHOLD = (FastDllmThreshold, {"tau": 0.7}, "threshold:tau=0.7", GEN)
+LOWCONF = (DllmCore, {"sampler": "low_confidence", "steps": 4}, "low_confidence", 12)
+# (algorithm, YAML, reference sampler, reference steps, cache, FDFO)
+CASES = [(*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5", True),
+         (*LOWCONF, "dllm:kp=3,kr=2,rho=0.5", False),
+         (*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5,first_layer=false,select=key", False),
+         (*LOWCONF, "dllm:kp=2,kr=3,rho=0.25,per_block=true", True)]
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+@pytest.mark.parametrize("cls,cfg,spec,steps,cache,fdfo", CASES, ids=[f"{c[0].__name__}-{c[4]}" for c in CASES])
+def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdfo):
+    sg, ref = models[arch]
+    mask = ref.args.mask_token_id
+    assert serve(sg, mask, cls, cfg, cache, fdfo) == reference(ref, spec, steps, cache)
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_exact_mode_is_uncached(models, arch):
+    """``kp=1,kr=1`` recomputes every layer at every step: the uncached output; a live cache differs."""
+    sg, ref = models[arch]
+    mask = ref.args.mask_token_id
+    cfg, spec = {"k": 3, "min_conf": 0.2}, "slowfast:k=3,min_conf=0.2"
+    want = reference(ref, spec, GEN, "none")
+    assert serve(sg, mask, SlowFast, cfg, "dllm:kp=1,kr=1", False) == want
+    assert serve(sg, mask, SlowFast, cfg, "dllm:kp=3,kr=2,rho=0.5", True) != want
+
+
+def test_random_select_and_prompt_kv_in_pool(models):
+    """``select=random`` draws from each request's own generator (seeded like the embedded state), so it
+    matches too; every decoded request gives its features back, and SGLang's KV pool holds each prompt's
+    K/V as last recomputed (the prompt features of every layer)."""
+    sg, ref = models["llada"]
+    mask, cache = ref.args.mask_token_id, "dllm:kp=3,kr=2,rho=0.5,select=random,seed=7"
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS))
+    algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": cache}, L, mask, 8))
+    seen, release = [], sg.fast_dllm.release
+    sg.fast_dllm.release = lambda r: (r.feats is not None and seen.append(
+        (r.slot, r.P, r.feats.prompt.bufs[0][:, 0].clone(), r.feats.prompt.bufs[1][:, 0].clone())), release(r))[1]
+    try:
+        out = BlockDriver(algo, runner).generate(PROMPTS, GEN, mask)
+    finally:
+        sg.fast_dllm.release = release
+    assert out == reference(ref, "threshold:tau=0.7", GEN, cache)
+    assert sorted(P for _, P, _, _ in seen) == sorted(map(len, PROMPTS))
+    assert all(r.feats is None for r in algo.fast.responses.values())
+    pool, r2t = runner.token_to_kv_pool, runner.req_to_token_pool.req_to_token
+    for slot, P, k, v in seen:
+        loc = r2t[slot, :P].long()
+        for i in range(ref.args.n_layers):
+            assert torch.equal(pool.get_key_buffer(i)[loc].flatten(1), k[i])
+            assert torch.equal(pool.get_value_buffer(i)[loc].flatten(1), v[i])
+
+
+def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
+    from types import SimpleNamespace
+
+    from sglang.srt.arg_groups.overrides import resolving_view
+    from sglang.srt.model_executor.cuda_graph_config import Backend
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()
+    model = build_tiny_checkpoint(tmp_path / "m", "llada")
+    (tmp_path / "algo.yaml").write_text(f"block_size: {L}\ncache: 'dllm:kp=4,kr=2,rho=0.25'\n")
+    sa = ServerArgs(model_path=str(model), dllm_algorithm="DllmCore", device="cpu",
+                    dllm_algorithm_config=str(tmp_path / "algo.yaml"))
+    sa.resolve_once()
+    view = resolving_view(sa)
+    assert view.disable_radix_cache and "cache dllm (dLLM-Cache)" in caplog.text
+    assert view.cuda_graph_config.decode.backend == Backend.DISABLED
+    cfg = DllmConfig.from_server_args(sa)
+    assert (cfg.fast_dllm().kp, cfg.fast_dllm().kr, cfg.fast_dllm().rho) == (4, 2, 0.25)
+    req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=L + 1))
+    assert cfg.validate_request(req).startswith("cache dllm: max_new_tokens must be a positive multiple of")
