@@ -59,7 +59,7 @@ def main() -> None:
     p.add_argument("--algorithm", default="DllmCore", choices=["DllmCore", "FastDllmThreshold"])
     p.add_argument("--sampler", default="low_confidence", help="DllmCore's sampler (steps: the block length)")
     p.add_argument("--tau", type=float, default=0.9, help="FastDllmThreshold's threshold")
-    p.add_argument("--cache", default="dual", help="cache policy (dual | prefix | canvas)")
+    p.add_argument("--cache", default="dual", help="cache policy (dual | prefix | dllm:... | canvas)")
     p.add_argument("--batch", type=int, default=16, help="concurrent requests per stand-in batch")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args()
@@ -70,7 +70,9 @@ def main() -> None:
     prompts, stop = prompts_of(tok, examples), stop_ids(tok, model)
     sampler = args.sampler if args.algorithm == "DllmCore" else f"threshold:tau={args.tau}"
     cache = "none" if args.cache == "canvas" else args.cache
-    ref = generate_batched(model, prompts, task_config(task, sampler, cache), batch_size=32)  # rows = unbatched runs
+    # a host request keeps its own dLLM-Cache step counter (an embedded batch shares one): unbatched rows
+    ref = generate_batched(model, prompts, task_config(task, sampler, cache),
+                           batch_size=1 if cache.startswith("dllm") else 32)
     van = generate_batched(model, prompts, task_config(task, sampler, "none"), batch_size=32)
     got, seconds = run_sglang(args, task, prompts, model.args.mask_token_id)
 
