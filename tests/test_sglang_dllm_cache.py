@@ -63,6 +63,27 @@ def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdf
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_work_counters_equal_the_embedded_engine(models, arch):
+    """Each request's work equals the unbatched embedded run's (``Counters``): one forward per step, the
+    rows the executor ran through the full layer summed over the layers (its ``tally``: prompt / response
+    parts as ``recomputes`` says, the V-verify picks), (P + G) x n_layers per step as the uncached
+    baseline. Prompt prefills run no layer and are not counted: no term differs."""
+    sg, ref = models[arch]
+    cls, cfg, spec, steps, cache, fdfo = CASES[3]
+    mask = ref.args.mask_token_id
+    algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
+    driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS)))
+    driver.generate(PROMPTS, GEN, mask)
+    for p, row in zip(PROMPTS, driver.rows):
+        c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
+                                                cache=cache)).counters
+        rid = algo.fast.responses[row.slot].rid
+        assert algo.fast.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
+                                       "full_token_layers": c.full_token_layers}, p
+        assert c.token_layers < c.full_token_layers
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
 def test_exact_mode_is_uncached(models, arch):
     """``kp=1,kr=1`` recomputes every layer at every step: the uncached output; a live cache differs."""
     sg, ref = models[arch]

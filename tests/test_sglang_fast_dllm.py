@@ -9,6 +9,7 @@ prompt tail). Several prompts of different lengths (inside one block, whole bloc
 decode concurrently; each equals ``generate(model, [prompt], GenerationConfig(..., cache=...))``.
 """
 import json
+import logging
 from types import SimpleNamespace
 
 import pytest
@@ -107,6 +108,34 @@ def test_rows_each_step_recomputes(models, arch, cache):
     if cache == "dual":
         cfg = GenerationConfig(gen_length=GEN, block_length=L, sampler="threshold:tau=0.7", cache="none")
         assert out != [generate(ref, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+@pytest.mark.parametrize("case", [0, 3], ids=[IDS[0], IDS[3]])
+def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
+    """Each request's work, in the embedded engine's ``Counters`` units, equals the unbatched embedded
+    run's with the same policy: one forward per step of its canvas, the rows each step recomputed x
+    n_layers, and (P + G) x n_layers per step for the uncached baseline. SGLang's prompt-prefill forwards
+    and the forwards after a response is decoded run no layer for it and are not counted (the first
+    refresh recomputes the prompt), so no term differs. Read by request id (``FastDllmHost.work``,
+    ``finished_work``) once decoded; four concurrent prompts, sync (prefix) and FDFO (dual)."""
+    sg, ref = models[arch]
+    cls, cfg, spec, steps, cache, fdfo = CASES[case]
+    mask = ref.args.mask_token_id
+    algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
+    driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS)))
+    with caplog.at_level(logging.DEBUG, logger="integrations.sglang.fast_dllm"):
+        driver.generate(PROMPTS, GEN, mask)
+    host = algo.fast
+    rids = [host.responses[row.slot].rid for row in driver.rows]
+    assert sorted(host.finished_work) == sorted(rids) and len(set(rids)) == len(PROMPTS)
+    assert all(f"request {rid} decoded: " in caplog.text for rid in rids)  # the debug line per response
+    for p, rid in zip(PROMPTS, rids):
+        c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
+                                                cache=cache)).counters
+        want = {"forwards": c.forwards, "token_layers": c.token_layers, "full_token_layers": c.full_token_layers}
+        assert host.work(rid) == host.finished_work[rid] == want, p
+        assert c.token_layers < c.full_token_layers  # the cache is live
 
 
 def test_slot_reuse_starts_a_new_canvas(models):

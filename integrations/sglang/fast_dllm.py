@@ -32,12 +32,22 @@ recomputed as ``DLLMCache.recomputes(c, layer, part)`` says, the response's adap
 over the response positions - with the features (K, V, attention and FFN outputs) kept per request
 (``RequestFeatures``); a layer that recomputed the prompt writes its K/V into SGLang's pool.
 
+Work accounting (the embedded engine's ``Counters`` units, ``dllm bench``'s work column): each ``Response``
+counts the forwards of the embedded loop it took part in (one per step of its canvas), the token-layer
+evaluations run for it (rows x layers: Fast-dLLM the rows its step recomputed, in every layer; dLLM-Cache
+per layer the rows the executor ran through the full layer, its ``tally``) and ``full_token_layers``, what
+the uncached loop runs for the same forwards ((P + G) x n_layers per step). ``FastDllmHost.work(rid)`` reads
+a request's work (in flight, or one of the last ``WORK_KEPT`` finished: ``finished_work`` by request id);
+a finished response logs it at debug level.
+
 The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plugin's hook on
 ``ForwardBatch.init_new`` hands the batch's requests to the model (``FastDllmForward.expect``). The
 in-place prefix refresh needs request-private KV slots: the radix cache is turned off at launch.
 """
 from __future__ import annotations
 
+import logging
+from collections import OrderedDict
 from dataclasses import dataclass
 
 import torch
@@ -53,6 +63,10 @@ from dllm_core.sampling import Sampler, TokenContext
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
+logger = logging.getLogger(__name__)
+
+WORK_KEPT = 4096  # finished requests whose work stays readable (``FastDllmHost.finished_work``)
+
 
 def response_length(max_new_tokens: int | None, block: int) -> int:
     """The canvas length G of a request: ``max_new_tokens`` in whole blocks (admission refuses other
@@ -62,11 +76,17 @@ def response_length(max_new_tokens: int | None, block: int) -> int:
 
 class Response:
     """One request's canvas: prompt + response token ids [P + G], the block of the embedded loop in
-    flight (``block``; G // L once decoded) and its Fast-dLLM refresh key / age (host tensors)."""
+    flight (``block``; G // L once decoded), its Fast-dLLM refresh key / age (host tensors) and its work
+    (the embedded ``Counters`` units: ``forwards``, ``token_layers`` - an int, or a device scalar once
+    the executor tallied dLLM-Cache rows: no sync per step - and ``full_token_layers``)."""
 
-    def __init__(self, slot: int, gen: int, prompt, output, G: int, L: int, mask_id: int, device):
+    def __init__(self, slot: int, gen: int, prompt, output, G: int, L: int, mask_id: int, device,
+                 rid: str | None = None):
         out = list(output)[:G]  # committed before (a request SGLang retracted and re-admitted)
         self.slot, self.gen, self.P, self.G, self.L = slot, gen, len(prompt), G, L
+        self.rid = rid if rid is not None else f"slot{slot}.gen{gen}"  # SGLang's request id
+        self.forwards, self.full_token_layers = 0, 0
+        self.token_layers: int | torch.Tensor = 0
         self.ids = torch.tensor([*prompt, *out, *[mask_id] * (G - len(out))], dtype=torch.long, device=device)
         self.block = len(out) // L
         self.new = True  # the sampler rows begin the block at the next step
@@ -91,6 +111,18 @@ class Response:
 
     def block_ids(self) -> torch.Tensor:
         return self.ids[self.start:self.start + self.L]
+
+    def work(self) -> dict[str, int]:
+        """The request's work so far, in the embedded engine's ``Counters`` units."""
+        return {"forwards": self.forwards, "token_layers": int(self.token_layers),
+                "full_token_layers": self.full_token_layers}
+
+    def count(self, token_layers, n_layers: int) -> None:
+        """One forward of the embedded loop: ``token_layers`` run (rows x layers) against the uncached
+        loop's whole sequence in every layer."""
+        self.forwards += 1
+        self.token_layers = self.token_layers + token_layers
+        self.full_token_layers += self.end * n_layers
 
 
 @dataclass
@@ -125,6 +157,26 @@ class FastDllmHost:
         self.rows: SlotStates | None = None
         self.fwd: FastDllmForward | None = None
         self.batch: tuple[list[Response], list[int], list[int]] | None = None  # (responses, offsets, live rows)
+        self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished, by request id
+
+    def work(self, rid: str) -> dict[str, int] | None:
+        """A request's work in the embedded engine's ``Counters`` units (``forwards``, ``token_layers``,
+        ``full_token_layers``): in flight, or one of the last ``WORK_KEPT`` finished; None if unknown."""
+        for r in self.responses.values():
+            if r.rid == rid and not r.decoded:
+                return r.work()
+        return self.finished_work.get(rid)
+
+    def finish(self, r: Response) -> None:
+        """A response decoded: its work kept (by request id) and logged; its K/V row / features freed."""
+        w = self.finished_work[r.rid] = r.work()
+        self.finished_work.move_to_end(r.rid)
+        while len(self.finished_work) > WORK_KEPT:
+            self.finished_work.popitem(last=False)
+        logger.debug("dllm-serve %s: request %s decoded: %d forwards, %d token-layers of %d uncached (%.3f)",
+                     self.policy.name, r.rid, w["forwards"], w["token_layers"], w["full_token_layers"],
+                     w["token_layers"] / max(w["full_token_layers"], 1))
+        self.fwd.release(r)
 
     def prepare(self, model_runner, fb: ForwardBatch) -> None:
         """Before a forward: bind the batch's requests, begin new blocks and plan each row's rows."""
@@ -185,7 +237,7 @@ class FastDllmHost:
                 if fin:  # the loop's next block (its first step refreshes)
                     r.block, r.new = r.block + 1, True
                     if r.decoded:
-                        self.fwd.release(r)
+                        self.finish(r)
         return self.mirror(fb, resps, offsets)
 
     def mirror(self, fb: ForwardBatch, resps: list[Response], offsets: list[int]) -> list[bool]:
@@ -215,7 +267,7 @@ class FastDllmHost:
                     self.fwd.release(r)
                 G = response_length(req.sampling_params.max_new_tokens, self.L)
                 r = self.responses[slot] = Response(slot, gen, req.origin_input_ids, req.output_ids, G, self.L,
-                                                    self.mask_id, device)
+                                                    self.mask_id, device, getattr(req, "rid", None))
                 self.rows.reset(torch.tensor([slot], device=device))
             out.append(r)
         return out
@@ -319,6 +371,7 @@ class FastDllmForward:
         self.pending: tuple[torch.Tensor, list] | None = None  # (request slots [B], the batch's Reqs)
         self.plan: ForwardPlan | None = None
         self.kv: ResponseKV | None = None
+        self.tallies: torch.Tensor | None = None  # dLLM-Cache: [m] token-layers of the last forward's requests
 
     def expect(self, slots: torch.Tensor, reqs: list) -> None:
         """The next batch's request slots and SGLang ``Req``s (prompt ids, output ids, sampling params,
@@ -367,6 +420,9 @@ class FastDllmForward:
         if live:
             rows = [r for _, r in live]
             hid = self.hidden(rows) if plan.cache is None else self.cached_hidden(rows, plan.cache)
+            n_layers = len(m.layers)
+            for r, t in zip(rows, self.tallies if plan.cache is not None else [None] * len(rows)):
+                r.resp.count((r.hi - r.lo) * n_layers if t is None else t, n_layers)
             src, dst, off = [], [], 0
             for b, r in live:  # logit row of canvas position start + j: hidden state of start + j - shift
                 for j in range(L):
@@ -446,17 +502,20 @@ class FastDllmForward:
         attend = SdpaAttend(off, dev)
         r2t = get_req_to_token_pool().req_to_token
         ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
+        tally = torch.zeros(pos.shape[0], dtype=torch.long, device=dev)  # full-layer runs per row (work)
         for i, layer in enumerate(m.layers):
             att = layer.self_attn
             ops = SimpleNamespace(qkv=lambda h, p, layer=layer: layer.self_attn.qkv(p, layer.attn_norm(h)),
                                   value=lambda h, layer=layer: layer.self_attn.value(layer.attn_norm(h)),
                                   attend=lambda q, k, v, ridx, att=att: attend(att, q, k, v, ridx), ffn=layer.ffn)
-            x = step.layer(ops, x, pos, i)
+            x = step.layer(ops, x, pos, i, tally=tally)
             if any(cache.recomputes(r.step, i, True)[0] for r in rows):  # the prompts' K/V moved: into the pool
                 k, v = (torch.cat([b[i, 0] for b in bufs]) for bufs in zip(*[
                     (r.resp.feats.prompt.bufs[0], r.resp.feats.prompt.bufs[1]) for r in rows]))
                 pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim),
                                    v.view(-1, att.n_kv, att.head_dim))
+        rid = torch.repeat_interleave(torch.arange(len(rows), device=dev), torch.tensor(ends, device=dev))
+        self.tallies = torch.zeros(len(rows), dtype=torch.long, device=dev).index_add_(0, rid, tally)  # no sync
         return x
 
 
