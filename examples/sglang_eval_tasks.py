@@ -18,14 +18,9 @@ import time
 import torch
 
 from dllm_core import load_model, load_tokenizer
-from dllm_core.cli import decode, stop_ids
+from dllm_core.cli import stop_ids
 from dllm_core.tasks import make_task
-from dllm_core.tasks.evaluate import generate_batched, prompts_of, task_config
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    toks = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / max(sum(map(len, a)), 1)
-    return {"tokens": round(toks, 4), "rows": round(sum(ra == rb for ra, rb in zip(a, b)) / max(len(a), 1), 4)}
+from dllm_core.tasks.evaluate import accuracy, agreement, generate_batched, prompts_of, task_config
 
 
 def run_sglang(args, task, prompts, mask_id: int) -> tuple[list[list[int]], float]:
@@ -77,7 +72,7 @@ def main() -> None:
     got, seconds = run_sglang(args, task, prompts, model.args.mask_token_id)
 
     def score(rows):
-        return sum(task.score(decode(tok, r, stop), e) for r, e in zip(rows, examples)) / max(len(examples), 1)
+        return accuracy(task, tok, stop, examples, rows)
 
     result = {"model": args.model, "task": args.task, "n": len(examples), "algorithm": args.algorithm,
               "sampler": sampler, "cache": args.cache, "block_length": task.block_length,

@@ -21,18 +21,9 @@ import torch
 
 from dllm_core import load_model, load_tokenizer
 from dllm_core.cache import CanvasCache, DLLMCache, host_cache
-from dllm_core.cli import decode, stop_ids
+from dllm_core.cli import stop_ids
 from dllm_core.tasks import make_task
-from dllm_core.tasks.evaluate import generate_batched, prompts_of, task_config
-
-
-def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
-    toks = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / max(sum(map(len, a)), 1)
-    return {"tokens": round(toks, 4), "rows": round(sum(ra == rb for ra, rb in zip(a, b)) / max(len(a), 1), 4)}
-
-
-def score(task, tok, stop, examples, rows: list[list[int]]) -> float:
-    return sum(task.score(decode(tok, r, stop), e) for r, e in zip(rows, examples)) / max(len(examples), 1)
+from dllm_core.tasks.evaluate import accuracy, agreement, generate_batched, prompts_of, task_config
 
 
 def run_vllm(args, task, prompts, steps_per_block: int) -> tuple[list[list[int]], float]:
@@ -85,8 +76,8 @@ def main() -> None:
         "model": args.model, "task": args.task, "n": len(examples), "sampler": args.sampler, "cache": args.cache,
         "canvas_length": args.blocks * task.block_length, "block_length": task.block_length, "stream": args.stream,
         "dtype": args.dtype,
-        "accuracy": {"vllm": score(task, tok, stop, examples, got), "reference": score(task, tok, stop, examples,
-                     ref.tokens), "reference_vanilla": score(task, tok, stop, examples, van.tokens)},
+        "accuracy": {"vllm": accuracy(task, tok, stop, examples, got), "reference": accuracy(task, tok, stop, examples,
+                     ref.tokens), "reference_vanilla": accuracy(task, tok, stop, examples, van.tokens)},
         "agreement_vllm_vs_reference": agreement(got, ref.tokens),
         "agreement_reference_vs_vanilla": agreement(ref.tokens, van.tokens),
         "seconds": {"vllm": round(seconds, 2), "reference": round(ref.seconds, 2),

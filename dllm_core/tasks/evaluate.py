@@ -97,6 +97,19 @@ def generate_batched(model, prompts: list[list[int]], cfg, batch_size: int = 8,
     return out
 
 
+def accuracy(task: Task, tok, stop, examples: list[Example], rows: list[list[int]]) -> float:
+    """Exact-match accuracy of generated token rows (decoded up to ``stop``) on ``examples``."""
+    from ..cli import decode
+
+    return sum(task.score(decode(tok, r, stop), e) for r, e in zip(rows, examples)) / max(len(examples), 1)
+
+
+def agreement(a: list[list[int]], b: list[list[int]]) -> dict:
+    """How far two engines' outputs agree: share of equal tokens and of identical rows."""
+    toks = sum(x == y for ra, rb in zip(a, b) for x, y in zip(ra, rb)) / max(sum(map(len, a)), 1)
+    return {"tokens": round(toks, 4), "rows": round(sum(ra == rb for ra, rb in zip(a, b)) / max(len(a), 1), 4)}
+
+
 def run_mdm(model, tok, task: Task, examples: list[Example], cfg, batch_size: int = 8) -> TaskRun:
     """Decode ``examples`` in batches with the embedded engine and score them."""
     from ..cli import decode, stop_ids
