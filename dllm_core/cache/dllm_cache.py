@@ -17,7 +17,7 @@ from typing import ClassVar
 import torch
 
 from .base import CachePolicy, CacheState, nbytes
-from .executor import CachedRows, Features, FeatureReuse, cached_layer
+from .executor import CachedRows, Features, FeatureReuse, Region, cached_layer
 from .graphs import GraphRunner
 from ..models.layers import BlockOps
 from ..options import check_min
@@ -100,6 +100,21 @@ class DLLMCache(FeatureReuse, CachePolicy):
         (every row of the part recomputed, the response's adaptive V-verify runs)."""
         m = self.mode(c, layer)
         return (m in ("full", "prompt"), False) if prompt else (m in ("full", "response"), m == "adaptive")
+
+    def host_regions(self, c: int, prompt_rows: torch.Tensor, prompt_store, response_rows: torch.Tensor,
+                     response_slot: torch.Tensor, response_store, reuse: FeatureReuse | None = None) -> list[Region]:
+        """A host request's two cached regions at its step ``c``: the prompt part (rows [1, P] of the
+        forward, features in row 0 of ``prompt_store``, no adaptive pick) and the response part (rows
+        [1, G], features at ``response_slot`` [1] of ``response_store``, V-verify by ``reuse`` or this
+        policy), each recomputed per layer as ``recomputes`` says."""
+        def plan(layer, prompt, n, dev=prompt_rows.device):
+            full, verify = self.recomputes(c, layer, prompt)
+            return torch.full((1, n), full, dtype=torch.bool, device=dev), [verify]
+
+        zero = torch.zeros(1, dtype=torch.long, device=prompt_rows.device)
+        P, G = prompt_rows.shape[1], response_rows.shape[1]
+        return [Region(prompt_rows, zero, prompt_store, None, lambda layer: plan(layer, True, P)),
+                Region(response_rows, response_slot, response_store, reuse or self, lambda layer: plan(layer, False, G))]
 
     def mode(self, c: int, layer: int) -> str:
         """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive."""

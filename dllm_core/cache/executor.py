@@ -224,6 +224,11 @@ class Region:
     reuse: FeatureReuse | None
     plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
 
+    @classmethod
+    def fixed(cls, rows: torch.Tensor, slots: torch.Tensor, store, recompute: torch.Tensor) -> "Region":
+        """Regions that recompute the same positions ``recompute`` [m, L] in every layer, no adaptive pick."""
+        return cls(rows, slots, store, None, lambda layer: (recompute, [False] * recompute.shape[0]))
+
 
 class CachedStep:
     """The cached regions of one host forward; ``layer`` runs one layer over all of its rows."""
@@ -245,13 +250,13 @@ class CachedStep:
         regions = []
         for pol, js in members.items():
             idx = torch.tensor(js, device=rows.device)
-            if isinstance(pol, FeatureReuse):
-                st = [steps[j] for j in js]
-                plan = (lambda layer, pol=pol, st=st, shape=(len(js), rows.shape[1]):
-                        _full_plan([pol.full_layer(c, layer) for c in st], shape, rows.device))
-            else:
-                plan = (lambda layer, rec=recompute[idx], n=len(js): (rec, [False] * n))
-            regions.append(Region(rows[idx], slots[idx], store, pol if isinstance(pol, FeatureReuse) else None, plan))
+            if not isinstance(pol, FeatureReuse):
+                regions.append(Region.fixed(rows[idx], slots[idx], store, recompute[idx]))
+                continue
+            st = [steps[j] for j in js]
+            plan = (lambda layer, pol=pol, st=st, shape=(len(js), rows.shape[1]):
+                    _full_plan([pol.full_layer(c, layer) for c in st], shape, rows.device))
+            regions.append(Region(rows[idx], slots[idx], store, pol, plan))
         return cls(regions, generator)
 
     def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int,

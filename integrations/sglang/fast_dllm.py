@@ -56,7 +56,7 @@ import torch.nn.functional as F
 from types import SimpleNamespace
 
 from dllm_core.cache import DLLMCache, PrefixCache
-from dllm_core.cache.executor import CachedStep, FeatureStore, Region
+from dllm_core.cache.executor import CachedStep, FeatureStore
 from dllm_core.engine.step import SlotStates, denoise_step, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
@@ -493,11 +493,8 @@ class FastDllmForward:
         regions, zero = [], torch.zeros(1, dtype=torch.long, device=dev)
         for r, o in zip(rows, off):
             P, G, f = r.resp.P, r.resp.G, r.resp.feats
-            for part, (a, n, store, reuse) in enumerate(((0, P, f.prompt, None), (P, G, f.response, f.reuse))):
-                def plan(layer, c=r.step, prompt=part == 0, n=n):
-                    full, verify = cache.recomputes(c, layer, prompt)
-                    return torch.full((1, n), full, dtype=torch.bool, device=dev), [verify]
-                regions.append(Region(torch.arange(o + a, o + a + n, device=dev)[None], zero, store, reuse, plan))
+            regions += cache.host_regions(r.step, torch.arange(o, o + P, device=dev)[None], f.prompt,
+                                          torch.arange(o + P, o + P + G, device=dev)[None], zero, f.response, f.reuse)
         step = CachedStep(regions)
         attend = SdpaAttend(off, dev)
         r2t = get_req_to_token_pool().req_to_token

@@ -314,9 +314,8 @@ class DllmModelState(ModelState):
             rec = torch.zeros(len(members), w, dtype=torch.bool)
             for j, i in enumerate(members):
                 rec[j, fixed[i][0]:fixed[i][1]] = True
-            rec = rec.to(self.device)
-            regions.append(Region(self._canvas_rows(canvas[members], w), self._rows(slots[members]), st.features,
-                                  None, lambda layer, rec=rec: (rec, [False] * rec.shape[0])))
+            regions.append(Region.fixed(self._canvas_rows(canvas[members], w), self._rows(slots[members]),
+                                        st.features, rec.to(self.device)))
         for i in np.flatnonzero(dcache & whole & denoise):
             regions += self._dllm_cache_regions(int(slots[i]), int(start[i]), int(extra[i]), int(qlen[i]))
         for i in np.flatnonzero(done_prefill & (fast | dcache) & (qlen == ib.prefill_len_np[:n])):
@@ -339,8 +338,8 @@ class DllmModelState(ModelState):
         first refresh before anything reads them."""
         n_layers, kv = self.states.feature_shape
         rows = self._rows(np.arange(start, start + length)[None])
-        return Region(rows, self._rows([0]), NoFeatures(kv, self.states.args.dim, self.states.last_hidden), None,
-                      lambda layer: (torch.zeros(1, length, dtype=torch.bool, device=self.device), [False]))
+        return Region.fixed(rows, self._rows([0]), NoFeatures(kv, self.states.args.dim, self.states.last_hidden),
+                            torch.zeros(1, length, dtype=torch.bool, device=self.device))
 
     def _canvas_rows(self, first: np.ndarray, width: int) -> torch.Tensor:
         return self._rows(first[:, None] + np.arange(width))  # [m, width]
@@ -361,15 +360,8 @@ class DllmModelState(ModelState):
             n_layers, kv = st.feature_shape
             store = st.prompt_features[slot] = FeatureStore(n_layers, 1, P, kv, st.args.dim, st.last_hidden)
         G = prefix - P + width  # response rows: [P, prefix + width), features at columns [0, G) of the slot
-
-        def plan(layer, prompt, L):
-            full, verify = pol.recomputes(c, layer, prompt)
-            return torch.full((1, L), full, dtype=torch.bool, device=self.device), [verify]
-
-        return [Region(self._rows(start + np.arange(P)[None]), self._rows([0]), store, None,
-                       lambda layer: plan(layer, True, P)),
-                Region(self._canvas_rows(np.array([start + P]), G), self._rows([slot]), st.features, pol,
-                       lambda layer: plan(layer, False, G))]
+        return pol.host_regions(c, self._rows(start + np.arange(P)[None]), store,
+                                self._canvas_rows(np.array([start + P]), G), self._rows([slot]), st.features)
 
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
