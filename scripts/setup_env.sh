@@ -163,6 +163,7 @@ checks = [
     ("sglang.srt.speculative.spec_info", "SpeculativeAlgorithm"),
     ("sglang.srt.speculative.dflash_utils", "DFlashDraftConfig"),
     ("sglang.srt.speculative.dflash_worker_v2", "DFlashWorkerV2"),
+    ("sglang.srt.entrypoints.http_server", "launch_server"),
     ("dflash.model", "DFlashDraftModel"),
     ("pytest", "__version__"), ("transformers", "__version__"), ("matplotlib", "__version__"),
 ]

@@ -1,0 +1,155 @@
+"""SGLang's real server runtime (``sglang.launch_server``, its tokenizer manager, scheduler and model runner
+processes) serving our dLLM algorithms on the shipped LLaDA / Dream task models, on this CPU through the
+test-only harness ``tests/sglang_harness`` (sgl_kernel stand-in + SGLang changes applied at import time).
+
+One server per algorithm configuration (module-scoped: every case of a configuration shares it). Each
+answer over HTTP equals the embedded engine's unbatched run with the same sampler and cache policy, token
+for token, for concurrent requests of different prompt and answer lengths; on held-out examples the
+server's accuracy is the embedded engine's. Bad requests get HTTP 400 and the server keeps serving; a bad
+``--dllm-algorithm-config`` stops the launch with the option named.
+"""
+import concurrent.futures as cf
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model, load_tokenizer  # noqa: E402
+from dllm_core.cli import stop_ids  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.tasks import make_task  # noqa: E402
+from dllm_core.tasks.evaluate import accuracy, generate_batched, prompts_of, task_config  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests" / "sglang_harness"))
+from server import SGLangServer, ServerExited  # noqa: E402
+
+BLOCK = 8
+EOS = 1  # config.json eos_token_id of both task models
+N_HELD_OUT = 32
+
+
+@dataclass(frozen=True)
+class Served:
+    """One server: model, ``--dllm-algorithm``, its YAML, and the embedded reference's sampler / steps."""
+    model: str
+    algorithm: str
+    yaml: dict
+    sampler: str  # the same rule as a dllm_core sampler spec (one token per step for fixed schedules)
+
+    @property
+    def cache(self) -> str:
+        return self.yaml["cache"]
+
+    def reference(self, model, prompt: list[int], gen: int) -> list[int]:
+        cfg = GenerationConfig(gen_length=gen, block_length=BLOCK, steps=gen, sampler=self.sampler,
+                               cache=self.cache)
+        return generate(model, [prompt], cfg).tokens[0].tolist()
+
+
+SERVED = {
+    "llada-DllmCore-dual": Served("llada-tasks", "DllmCore", {"sampler": "low_confidence", "steps": BLOCK,
+                                                              "cache": "dual"}, "low_confidence"),
+    "llada-FastDllmThreshold-dllm": Served("llada-tasks", "FastDllmThreshold",
+                                           {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
+    "llada-FastDllmFactor-prefix": Served("llada-tasks", "FastDllmFactor", {"f": 1.0, "cache": "prefix"},
+                                          "factor:f=1.0"),
+    "llada-SlowFast-dual": Served("llada-tasks", "SlowFast", {"min_conf": 0.3, "high": 0.9, "k": 6, "stat": "std",
+                                                              "cache": "dual"},
+                                  "slowfast:min_conf=0.3,high=0.9,k=6,stat=std"),
+    "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence", "steps": BLOCK,
+                                                              "cache": "dual"}, "low_confidence"),
+    "dream-FastDllmThreshold-dllm": Served("dream-tasks", "FastDllmThreshold",
+                                           {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
+}
+
+
+def launch_flags(s: Served, config: Path) -> list[str]:
+    config.write_text(yaml.safe_dump({"block_size": BLOCK, **s.yaml}))
+    return ["--dtype", "float32", "--dllm-algorithm", s.algorithm, "--dllm-algorithm-config", str(config)]
+
+
+@pytest.fixture(scope="module", params=list(SERVED), ids=list(SERVED))
+def served(request, tmp_path_factory):
+    s = SERVED[request.param]
+    tmp = tmp_path_factory.mktemp(request.param)
+    model_dir = ROOT / "models" / s.model
+    with SGLangServer(model_dir, *launch_flags(s, tmp / "algo.yaml"), log=tmp / "server.log") as srv:
+        yield s, srv, load_model(model_dir, dtype=torch.float32), load_tokenizer(model_dir)
+
+
+def serve_all(srv: SGLangServer, prompts: list[list[int]], gens: list[int]) -> list[list[int]]:
+    """All requests at once (SGLang batches them), in order."""
+    with cf.ThreadPoolExecutor(len(prompts)) as pool:
+        return [o["output_ids"] for o in pool.map(lambda pg: srv.generate(*pg), zip(prompts, gens))]
+
+
+def assert_same(got: list[int], ref: list[int], gen: int) -> None:
+    """SGLang stops at EOS: its answer is the reference up to and including the first EOS (or all of it)."""
+    stop = ref.index(EOS) + 1 if EOS in ref else gen
+    assert got == ref[:stop]
+
+
+def test_concurrent_requests_equal_the_embedded_engine(served):
+    """Eight concurrent requests (arithmetic and sort prompts of different lengths; answers of 1, 2 and 3
+    blocks) through SGLang's scheduler: each equals the embedded engine's run with the same policy."""
+    s, srv, model, tok = served
+    prompts = [p for name in ("arithmetic", "sort") for p in prompts_of(tok, make_task(name).examples("test", 4))]
+    gens = [BLOCK * (1 + i % 3) for i in range(len(prompts))]
+    assert len({len(p) for p in prompts}) > 2
+    for p, g, got in zip(prompts, gens, serve_all(srv, prompts, gens)):
+        assert_same(got, s.reference(model, p, g), g)
+
+
+def test_held_out_accuracy_is_the_embedded_engines(served):
+    """32 held-out arithmetic examples (24-token answers, blocks of 8), 16 in flight at a time: the
+    server's answers are the embedded engine's, so is its accuracy (at least 90 % on the shipped models)."""
+    s, srv, model, tok = served
+    task = make_task("arithmetic")
+    examples = task.examples("test", N_HELD_OUT)
+    prompts = prompts_of(tok, examples)
+    ref = generate_batched(model, prompts, task_config(task, s.sampler, s.cache),
+                           batch_size=1 if s.cache.startswith("dllm") else N_HELD_OUT).tokens
+    got = []
+    for i in range(0, len(prompts), 16):
+        got += serve_all(srv, prompts[i:i + 16], [task.gen_length] * len(prompts[i:i + 16]))
+    for g, r in zip(got, ref):
+        assert_same(g, r, task.gen_length)
+    stop = stop_ids(tok, model)
+    assert accuracy(task, tok, stop, examples, got) == accuracy(task, tok, stop, examples, ref) >= 0.9
+
+
+def test_bad_requests_get_400_and_the_server_keeps_serving(served):
+    s, srv, model, tok = served
+    prompt = prompts_of(tok, make_task("arithmetic").examples("test", 1))[0]
+    status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": BLOCK + 3}})
+    assert status == 400 and "max_new_tokens" in str(body) and str(BLOCK) in str(body), body
+    mask = model.args.mask_token_id
+    status, body = srv.post("/generate", {"input_ids": prompt[:3] + [mask] + prompt[3:],
+                                          "sampling_params": {"max_new_tokens": BLOCK}})
+    assert status == 400 and "mask" in str(body), body
+    got = srv.generate(prompt, BLOCK)["output_ids"]
+    assert_same(got, s.reference(model, prompt, BLOCK), BLOCK)
+
+
+@pytest.mark.parametrize("yaml_text,expected", [
+    ("tau: 1.5\n", "tau"),
+    ("cache: dual\ncolour: blue\n", "colour"),
+    ("cache: 'dllm:kp=0'\n", "kp"),
+], ids=["tau-out-of-range", "unknown-key", "bad-cache-spec"])
+def test_bad_algorithm_config_stops_the_launch(tmp_path, yaml_text, expected):
+    """The launch fails before any worker starts, naming the offending option."""
+    config = tmp_path / "bad.yaml"
+    config.write_text(f"block_size: {BLOCK}\n" + yaml_text)
+    server = SGLangServer(ROOT / "models" / "llada-tasks", "--dllm-algorithm", "FastDllmThreshold",
+                          "--dllm-algorithm-config", str(config), log=tmp_path / "server.log", startup_s=240)
+    with pytest.raises(ServerExited) as err:
+        server.start()
+    assert err.value.code != 0
+    last = [ln for ln in err.value.log.splitlines() if "Error" in ln][-1]
+    assert expected in last, err.value.log[-3000:]
