@@ -1,5 +1,6 @@
-"""``transformers`` config classes for LLaDA (``model_type: llada``) and Dream (``model_type: Dream``),
-so that a host engine's ``AutoConfig`` reads the real checkpoints without ``trust_remote_code``.
+"""``transformers`` config classes for LLaDA (``model_type: llada``), Dream (``model_type: Dream``) and
+TokenSwift's heads (``model_type: tokenswift_heads``), so that a host engine's ``AutoConfig`` reads the
+checkpoints without ``trust_remote_code``.
 
 Only field *names* are mapped (LLaDA's OLMo names -> hidden_size, ...); the hyper-parameters
 themselves are parsed by ``LLaDAModelLM.parse_config`` / ``DreamModel.parse_config``. Engine
@@ -38,4 +39,15 @@ class DreamConfig(Qwen2Config):
 
     def __init__(self, mask_token_id=None, **kw):
         self.mask_token_id = mask_token_id
+        super().__init__(**kw)
+
+
+class TokenSwiftHeadsConfig(PretrainedConfig):
+    """A TokenSwift heads checkpoint (``dllm_core.drafters.tokenswift.heads``), readable by a host's
+    ``AutoConfig`` when it is passed as a draft model path."""
+
+    model_type = "tokenswift_heads"
+
+    def __init__(self, hidden_size=4096, vocab_size=32000, num_heads=3, **kw):
+        self.hidden_size, self.vocab_size, self.num_heads = hidden_size, vocab_size, num_heads
         super().__init__(**kw)

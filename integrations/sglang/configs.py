@@ -1,18 +1,19 @@
-"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream checkpoints through dllm_core's HF
-config classes (``dllm_core.models.hf_config``), without ``--trust-remote-code``."""
+"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream checkpoints and TokenSwift heads (a
+``--speculative-draft-model-path``) through dllm_core's HF config classes (``dllm_core.models.hf_config``),
+without ``--trust-remote-code``."""
 from __future__ import annotations
 
-from dllm_core.models.hf_config import DreamConfig, LLaDAConfig
+from dllm_core.models.hf_config import DreamConfig, LLaDAConfig, TokenSwiftHeadsConfig
 
 
 def register_configs() -> None:
-    """Make ``AutoConfig`` resolve both model types locally (no remote code). A class already
+    """Make ``AutoConfig`` resolve these model types locally (no remote code). A class already
     registered for the type (e.g. by the vLLM adapter in the same process, a superset of these
     fields) is kept."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    for cls in (LLaDAConfig, DreamConfig):
+    for cls in (LLaDAConfig, DreamConfig, TokenSwiftHeadsConfig):
         if cls.model_type not in CONFIG_MAPPING:
             AutoConfig.register(cls.model_type, cls)
 

@@ -16,8 +16,8 @@ ancestor mask. The heads' h0 is the target's final hidden state at the last acce
 verification (or the last prefill row): a forward hook on the target hands the drafter each request's rows;
 SGLang's own verifier then accepts the longest path matching the target.
 
-On this CPU-only machine SGLang's runtime does not start (CUDA kernels), so the registration and the tree
-packing are what the tests exercise; the worker glue is written against SGLang 0.5.23's NGRAMWorker.
+Tested through SGLang 0.5.23's real server (``tests/test_sglang_server_spec.py``, CPU harness
+``tests/sglang_harness``): lossless against plain decoding, acceptance from SGLang's own metrics.
 """
 from __future__ import annotations
 
@@ -54,7 +54,14 @@ def _spec_class():
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     class TokenSwiftSpecAlgo(CustomSpecAlgo):
-        """NGRAM for the scheduler (tree verify, no draft KV), TokenSwift's worker for the drafts."""
+        """NGRAM for the scheduler (tree verify, no draft KV), TokenSwift's worker for the drafts. Scheduler
+        queries ``CustomSpecAlgo`` does not define (0.5.23: ``carries_draft_hidden_states``,
+        ``create_future_map``, ``need_topk``) are answered as for NGRAM."""
+
+        def __getattr__(self, name):
+            if name.startswith("_"):
+                raise AttributeError(name)
+            return getattr(SpeculativeAlgorithm.NGRAM, name)
 
         def is_ngram(self) -> bool:
             return True

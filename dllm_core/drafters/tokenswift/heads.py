@@ -5,7 +5,8 @@ l_i = g(h_i), with g the target's own frozen LM head; l_0 predicts position p+1 
 next-token logit when h0 comes from the full-cache forward) and l_i position p+1+i. Only the f_i are
 trained; they start at zero, so every head initially repeats the LM head's prediction.
 
-Checkpoint: ``config.json`` ({"architectures": ["TokenSwiftHeads"], hidden_size, vocab_size, num_heads})
+Checkpoint: ``config.json`` ({"architectures": ["TokenSwiftHeads"], "model_type": "tokenswift_heads",
+hidden_size, vocab_size, num_heads}; ``model_type`` lets a host's ``AutoConfig`` read it)
 + ``model.safetensors`` (``layers.{i}.weight`` [H, H], ``layers.{i}.bias`` [H]).
 """
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from torch import nn
 
 ARCHITECTURE = "TokenSwiftHeads"
+MODEL_TYPE = "tokenswift_heads"  # dllm_core.models.hf_config.TokenSwiftHeadsConfig
 WEIGHTS = "model.safetensors"
 
 
@@ -65,7 +67,8 @@ def save_heads(heads: TokenSwiftHeads, out_dir: str | Path) -> Path:
 
     d = Path(out_dir)
     d.mkdir(parents=True, exist_ok=True)
-    (d / "config.json").write_text(json.dumps({"architectures": [ARCHITECTURE], **asdict(heads.cfg)}, indent=2) + "\n")
+    config = {"architectures": [ARCHITECTURE], "model_type": MODEL_TYPE, **asdict(heads.cfg)}
+    (d / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     state = {k: v.detach().to("cpu", torch.float32).contiguous() for k, v in heads.state_dict().items()}
     save_file(state, str(d / WEIGHTS), metadata={"format": "pt"})
     return d
