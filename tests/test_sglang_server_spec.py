@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT / "tests" / "sglang_harness"))
 from server import SGLangServer  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
-COMMON = ("--dtype", "bfloat16")  # the checkpoints' dtype; the drafter runs in the target's
+COMMON = ()  # dtype "auto": the checkpoints' bfloat16 (the drafter's config.json names the target's dtype)
 MAX_NEW = 32
 DFLASH = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(ROOT / "models" /
           "dflash-qwen3-tasks"), "--speculative-num-draft-tokens", "16",

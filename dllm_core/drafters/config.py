@@ -27,6 +27,15 @@ def spread_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ..
     return tuple(round(start + i * (end - start) / (num_features - 1)) for i in range(num_features))
 
 
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_name(target_cfg) -> str:
+    """The target config's dtype as config.json spells it (float32 when it names none)."""
+    d = getattr(target_cfg, "dtype", None) or getattr(target_cfg, "torch_dtype", None) or "float32"
+    return str(d).removeprefix("torch.")
+
+
 @dataclass(frozen=True)
 class DFlashConfig:
     """Sizes of a DFlash drafter; attention/MLP sizes equal the target's so its embedding/head are shared."""
@@ -46,9 +55,12 @@ class DFlashConfig:
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960
     attention_bias: bool = False
+    dtype: str = "float32"  # the target's: hosts serving with dtype "auto" load the drafter in it
     extra: dict = field(default_factory=dict, compare=False)  # other target fields kept in config.json
 
     def __post_init__(self):
+        if self.dtype not in DTYPES:
+            raise ValueError(f"dflash config: dtype {self.dtype!r} not supported; allowed: {list(DTYPES)}")
         object.__setattr__(self, "target_layer_ids", tuple(int(i) for i in self.target_layer_ids))
         for name in ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
                      "num_key_value_heads", "head_dim", "vocab_size", "num_target_layers"):
@@ -94,7 +106,7 @@ class DFlashConfig:
             mask_token_id=mask_token_id, block_size=block_size, rms_norm_eps=target_cfg.rms_norm_eps,
             rope_theta=float(rope.get("rope_theta", getattr(target_cfg, "rope_theta", 10000.0))),
             max_position_embeddings=target_cfg.max_position_embeddings,
-            attention_bias=bool(getattr(target_cfg, "attention_bias", False)))
+            attention_bias=bool(getattr(target_cfg, "attention_bias", False)), dtype=dtype_name(target_cfg))
 
     def to_hf(self) -> dict:
         """``config.json`` content: Qwen3 fields + ``block_size``, ``num_target_layers``, ``dflash_config``."""
@@ -113,7 +125,7 @@ class DFlashConfig:
             "block_size": self.block_size, "num_target_layers": self.num_target_layers,
             "dflash_config": {"mask_token_id": self.mask_token_id,
                               "target_layer_ids": list(self.target_layer_ids)},
-            "dtype": "float32",
+            "dtype": self.dtype,
         })
         return cfg
 
@@ -148,5 +160,5 @@ class DFlashConfig:
             rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
             rope_theta=float(rope.get("rope_theta", cfg.get("rope_theta", 1000000.0))),
             max_position_embeddings=int(cfg.get("max_position_embeddings", 40960)),
-            attention_bias=bool(cfg.get("attention_bias", False)),
+            attention_bias=bool(cfg.get("attention_bias", False)), dtype=str(cfg.get("dtype", "float32")),
             extra={k: v for k, v in cfg.items() if k not in known})
