@@ -83,15 +83,14 @@ def run_grid(model, tok, workloads: list[Workload], samplers: list[str], caches:
              repeat: int = 1, progress: bool = True) -> list[dict]:
     """Decode every workload with every pair (timed runs: median of ``repeat``); one summary row per
     pair, the vanilla pair first, ratios against it."""
-    from tqdm import tqdm
-
+    from .progress import progress as progress_bar
     from .tasks.evaluate import generate_batched
 
     check_specs(samplers, caches, repeat, batch_size)
     for wl in workloads:  # warm-up (allocator, kernels)
         generate_batched(model, wl.prompts[:batch_size], wl.cfg, batch_size)
     pairs, results = combos(samplers, caches), {}
-    bar = tqdm(total=len(pairs) * len(workloads), desc="bench", disable=not progress, dynamic_ncols=True)
+    bar = progress_bar(total=len(pairs) * len(workloads), desc="bench", disable=not progress)
     for s, c in pairs:
         for wl in workloads:
             bar.set_postfix_str(f"{s} + {c} on {wl.name}")

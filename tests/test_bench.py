@@ -64,3 +64,23 @@ def test_bad_spec_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--n", "0", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--n must be >= 1, got 0" in p.stderr
+
+
+def test_progress_outside_a_terminal_writes_plain_timed_lines():
+    """Not a terminal (CI, a log): no carriage returns; status changes do not force lines; one line at the
+    start and one at the end when the interval is long; every update when it is zero."""
+    import io
+
+    from dllm_core.progress import progress
+
+    def lines(every_s):
+        buf = io.StringIO()
+        bar = progress(range(200), desc="bench", file=buf, every_s=every_s)
+        for i in bar:
+            bar.set_postfix_str(f"item {i}")
+        return buf.getvalue()
+
+    slow, fast = lines(3600.0), lines(0.0)
+    assert "\r" not in slow + fast and slow.endswith("\n")
+    assert len(slow.splitlines()) == 2 and "200/200" in slow.splitlines()[-1]
+    assert len(fast.splitlines()) > 100

@@ -6,7 +6,7 @@
    ``target_layer_ids``; random anchors in each response open blocks [anchor, MASK x (B-1)], packed
    per sequence under the sparse mask of ``drafters/blocks.py``; loss = position-weighted cross-entropy
    (w_k = exp(-(k-1)/gamma)) through the target's frozen LM head.
-3. AdamW + warmup/cosine with the shared loop (``train/loop.py``): tqdm bar, resumable ``--resume``
+3. AdamW + warmup/cosine with the shared loop (``train/loop.py``): progress bar, resumable ``--resume``
    (model + optimizer + step; data draws depend only on (seed, step), so a resumed run equals an
    uninterrupted one). The drafter is written to ``--out`` in the vLLM/SGLang checkpoint format.
 """
@@ -122,7 +122,7 @@ def choose_mask_id(tok, target_cfg, requested: int | None) -> int:
 
 def build_data(cfg: DFlashTrainConfig, target, tok) -> dict:
     """Regenerated (prompt, response) id lists, cached in ``<out>/regenerated.pt`` for resumption."""
-    from tqdm import tqdm
+    from ..progress import progress
 
     from ..drafters.target import regenerate
     from ..tokenizer import encode_prompt
@@ -134,7 +134,7 @@ def build_data(cfg: DFlashTrainConfig, target, tok) -> dict:
         if data["key"] == key:
             return data
     prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
-    with tqdm(total=len(prompts), desc="regenerate", dynamic_ncols=True) as bar:
+    with progress(total=len(prompts), desc="regenerate") as bar:
         responses = regenerate(target, prompts, cfg.max_new_tokens, stop_ids(tok, target.config),
                                cfg.regen_batch, bar)
     data = {"key": key, "prompts": prompts, "responses": responses}

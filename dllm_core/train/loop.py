@@ -1,5 +1,5 @@
-"""The shared training loop: AdamW, warmup + cosine LR, gradient clipping, tqdm, and a resumable
-checkpoint (model + optimizer state + step, ``<out>/train_state.pt``, removed once the run finishes)
+"""The shared training loop: AdamW, warmup + cosine LR, gradient clipping, a progress bar (``progress.py``),
+and a resumable checkpoint (model + optimizer state + step, ``<out>/train_state.pt``, removed once the run finishes)
 that makes a resumed run equal an uninterrupted one."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from tqdm import tqdm
+from ..progress import progress
 
 from .config import TrainBase
 
@@ -80,7 +80,7 @@ def train(cfg: TrainBase, model: torch.nn.Module, loss_fn: Callable[[int], tuple
     model.train()
     log = (out / "train_log.jsonl").open("a")
     t0, tokens, ema, done = time.perf_counter(), 0, None, start
-    bar = tqdm(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc, dynamic_ncols=True)
+    bar = progress(range(start, cfg.steps), initial=start, total=cfg.steps, desc=desc)
     for step in bar:
         for g in opt.param_groups:
             g["lr"] = lr_at(cfg, step)

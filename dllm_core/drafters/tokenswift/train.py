@@ -6,7 +6,7 @@
 2. The frozen target's final hidden states of every sequence are computed once (in memory).
 3. Every step: ``--batch`` random positions p of the generated parts; head i (1..gamma) predicts token
    p+1+i through the target's frozen LM head; loss = sum_i w^(i-1) CE_i / sum_i w^(i-1) (``--decay``).
-4. AdamW + warmup/cosine in the shared loop (``train/loop.py``): tqdm bar, ``--resume`` continues exactly
+4. AdamW + warmup/cosine in the shared loop (``train/loop.py``): progress bar, ``--resume`` continues exactly
    (positions depend only on (seed, step)). The heads land in ``--out`` (``heads.save_heads`` format).
 """
 from __future__ import annotations
@@ -69,7 +69,7 @@ def read_prompts(cfg: TokenSwiftTrainConfig) -> list[str]:
 
 def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
     """(prompt, continuation) id lists, cached in ``<out>/tokenswift_data.pt``."""
-    from tqdm import tqdm
+    from ...progress import progress
 
     from ...tokenizer import encode_prompt
     from ...train.dflash import stop_ids
@@ -82,7 +82,7 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
         if data["key"] == key:
             return data
     prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
-    with tqdm(total=len(prompts), desc="free-run", dynamic_ncols=True) as bar:
+    with progress(total=len(prompts), desc="free-run") as bar:
         gens = regenerate(target, prompts, cfg.gen_tokens, stop_ids(tok, target.config), cfg.regen_batch, bar,
                           free_run=True)
     data = {"key": key, "prompts": prompts, "generations": gens}
@@ -95,13 +95,13 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok) -> dict:
 def hidden_states(target, data: dict) -> tuple[torch.Tensor, ...]:
     """-> hidden [S, L, H] (final norm, float32), tokens [S, L], start [S] (first generated position),
     end [S] (sequence lengths)."""
-    from tqdm import tqdm
+    from ...progress import progress
 
     seqs = [p + g for p, g in zip(data["prompts"], data["generations"])]
     width = max(map(len, seqs))
     tokens = torch.zeros(len(seqs), width, dtype=torch.long)
     hidden = torch.zeros(len(seqs), width, target.config.hidden_size)
-    for i, s in enumerate(tqdm(seqs, desc="hidden states", dynamic_ncols=True)):
+    for i, s in enumerate(progress(seqs, desc="hidden states")):
         ids = torch.tensor([s], device=target.device)
         tokens[i, : len(s)] = ids[0].cpu()
         hidden[i, : len(s)] = target.get_decoder()(input_ids=ids).last_hidden_state[0].float().cpu()
