@@ -4,7 +4,8 @@
         srv.generate([1, 2, 3], max_new_tokens=8)["output_ids"]
 
 Every process of the server imports ``sitecustomize`` from this directory (``PYTHONPATH``). The launch
-adds the CPU flags (``--device cpu --attention-backend torch_native``, a small KV pool) to the given ones.
+adds the CPU flags (``--device cpu --attention-backend torch_native``, a small KV pool, ``--sleep-on-idle``)
+to the given ones.
 """
 from __future__ import annotations
 
@@ -21,7 +22,9 @@ from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent
 ROOT = HARNESS.parents[1]
-CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "16384")
+# --sleep-on-idle: an idle scheduler waits on its sockets instead of polling a CPU core (2-core CI machine)
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "16384",
+             "--sleep-on-idle")
 
 
 def harness_env(threads: int = 1) -> dict:
@@ -84,8 +87,11 @@ class SGLangServer:
             except OSError:
                 pass
             time.sleep(1.0)
+        procs = subprocess.run(["ps", "-o", "pid,stat,etime,pcpu,cmd", "-g", str(self.proc.pid)],
+                               capture_output=True, text=True).stdout
         self.stop()
-        raise TimeoutError(f"SGLang server not healthy after {self.startup_s} s:\n{self.log()[-4000:]}")
+        raise TimeoutError(f"SGLang server not healthy after {self.startup_s} s; its processes:\n{procs}\n"
+                           f"log ({len(self.log())} chars):\n{self.log()[-4000:]}")
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
