@@ -9,7 +9,6 @@ server's accuracy is the embedded engine's. Bad requests get HTTP 400 and the se
 ``--dllm-algorithm-config`` stops the launch with the option named.
 """
 import concurrent.futures as cf
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,8 +25,7 @@ from dllm_core.tasks import make_task  # noqa: E402
 from dllm_core.tasks.evaluate import accuracy, generate_batched, prompts_of, task_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "sglang_harness"))
-from server import SGLangServer, ServerExited  # noqa: E402
+from sglang_harness.server import SGLangServer, ServerExited  # noqa: E402
 
 BLOCK = 8
 EOS = 1  # config.json eos_token_id of both task models

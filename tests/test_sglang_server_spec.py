@@ -10,7 +10,6 @@ The plain-decoding server (``models/qwen3-tasks``) is launched once for the modu
 """
 import concurrent.futures as cf
 import statistics
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,8 +21,7 @@ from dllm_core.tasks import make_task  # noqa: E402
 from dllm_core.tasks.evaluate import prompts_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests" / "sglang_harness"))
-from server import SGLangServer  # noqa: E402
+from sglang_harness.server import SGLangServer  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
 COMMON = ()  # dtype "auto": the checkpoints' bfloat16 (the drafter's config.json names the target's dtype)
@@ -73,3 +71,31 @@ def test_tokenswift_is_lossless(prompts, plain, tmp_path):
     assert [o["output_ids"] for o in out] == plain
     accept = [o["meta_info"]["spec_accept_length"] for o in out]
     assert statistics.mean(accept) > 1.2, accept
+
+
+def test_stand_in_tree_metadata_matches_sglangs_host_derivation(monkeypatch):
+    """The harness's ``reconstruct_indices_from_tree_mask`` (NGRAM / TOKENSWIFT verify metadata) gives the
+    first-child / next-sibling links SGLang derives on the host from the same masks, and depth positions."""
+    import numpy as np
+    import torch
+
+    monkeypatch.syspath_prepend(str(ROOT / "tests" / "sglang_harness"))  # ngram_worker imports sgl_kernel on CPU
+    from sgl_kernel.speculative import reconstruct_indices_from_tree_mask
+    from sglang.srt.speculative.ngram_worker import _derive_tree_links
+
+    rng, bs, n = np.random.default_rng(0), 3, 9
+    masks, depths = np.zeros((bs, n, n), dtype=bool), np.zeros((bs, n), dtype=np.int64)
+    for b in range(bs):
+        for i in range(n):  # node i hangs below a random earlier node (node 0: the root)
+            parent = rng.integers(0, i) if i else -1
+            masks[b, i] = masks[b, parent] if i else False
+            masks[b, i, i] = True
+            depths[b, i] = depths[b, parent] + 1 if i else 0
+    seq_lens = torch.tensor([5, 0, 17])
+    out = [torch.empty(bs * n, dtype=torch.int64) for _ in range(4)]
+    reconstruct_indices_from_tree_mask(torch.from_numpy(masks.reshape(-1)), seq_lens, *out, bs, n)
+    positions, index, next_token, next_sibling = (t.view(bs, n) for t in out)
+    want_token, want_sibling = _derive_tree_links(masks.reshape(-1), bs, n)
+    assert torch.equal(next_token, want_token) and torch.equal(next_sibling, want_sibling)
+    assert torch.equal(positions, torch.from_numpy(depths) + seq_lens[:, None])
+    assert torch.equal(index, torch.arange(bs * n).view(bs, n))
