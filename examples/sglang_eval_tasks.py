@@ -6,14 +6,26 @@
     python examples/sglang_eval_tasks.py --model models/llada-tasks --task arithmetic --n 200 \\
         --algorithm DllmCore --cache dual
 
-Prints one JSON object: accuracies (SGLang, the embedded engine with the same policy, vanilla
-``none``) and the token agreement of SGLang with that reference.
+    # GPU: a running SGLang server (its YAML must match --algorithm / --sampler / --tau / --cache)
+    printf 'block_size: 8\\nsampler: low_confidence\\nsteps: 8\\ncache: dual\\n' > algo.yaml
+    sglang serve --model-path models/llada-tasks --dtype float32 --dllm-algorithm DllmCore \\
+        --dllm-algorithm-config algo.yaml --port 30000
+    python examples/sglang_eval_tasks.py --url http://127.0.0.1:30000 --model models/llada-tasks \\
+        --task arithmetic --n 200 --algorithm DllmCore --cache dual
+
+With ``--url`` the SGLang answers come from that server (POST /generate, greedy, ``--batch`` requests in
+flight); the server's algorithm config is the user's, and ``--algorithm/--sampler/--tau/--cache`` only
+pick the embedded reference, so they must say what the server's YAML says. Prints one JSON object:
+accuracies (SGLang, the embedded engine with the same policy, vanilla ``none``) and the agreement of
+SGLang with that reference, on answers cut after their first EOS (SGLang stops there).
 """
 from __future__ import annotations
 
 import argparse
+import concurrent.futures as cf
 import json
 import time
+import urllib.request
 
 import torch
 
@@ -46,6 +58,21 @@ def run_sglang(args, task, prompts, mask_id: int) -> tuple[list[list[int]], floa
     return out, time.perf_counter() - t
 
 
+def run_server(url: str, task, prompts, in_flight: int) -> tuple[list[list[int]], float]:
+    """Each prompt through a running SGLang server's POST /generate (greedy), ``in_flight`` at a time."""
+    def one(ids: list[int]) -> list[int]:
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": task.gen_length, "temperature": 0.0}}
+        req = urllib.request.Request(url.rstrip("/") + "/generate", json.dumps(body).encode(),
+                                     {"content-type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.loads(r.read())["output_ids"]
+
+    t = time.perf_counter()
+    with cf.ThreadPoolExecutor(in_flight) as pool:
+        out = list(pool.map(one, prompts))
+    return out, time.perf_counter() - t
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True)
@@ -55,7 +82,8 @@ def main() -> None:
     p.add_argument("--sampler", default="low_confidence", help="DllmCore's sampler (steps: the block length)")
     p.add_argument("--tau", type=float, default=0.9, help="FastDllmThreshold's threshold")
     p.add_argument("--cache", default="dual", help="cache policy (dual | prefix | dllm:... | canvas)")
-    p.add_argument("--batch", type=int, default=16, help="concurrent requests per stand-in batch")
+    p.add_argument("--batch", type=int, default=16, help="concurrent requests (a stand-in batch; in flight to --url)")
+    p.add_argument("--url", help="a running SGLang server (http://host:port) instead of the CPU stand-in")
     p.add_argument("--out", help="also write the JSON result here")
     args = p.parse_args()
 
@@ -69,15 +97,21 @@ def main() -> None:
     ref = generate_batched(model, prompts, task_config(task, sampler, cache),
                            batch_size=1 if cache.startswith("dllm") else 32)
     van = generate_batched(model, prompts, task_config(task, sampler, "none"), batch_size=32)
-    got, seconds = run_sglang(args, task, prompts, model.args.mask_token_id)
+    got, seconds = (run_server(args.url, task, prompts, args.batch) if args.url
+                    else run_sglang(args, task, prompts, model.args.mask_token_id))
+    eos = model.args.eos_token_id
+
+    def cut(rows):  # up to and including the first EOS, where SGLang stops
+        return [r[:r.index(eos) + 1] if eos in r else r for r in rows]
 
     def score(rows):
         return accuracy(task, tok, stop, examples, rows)
 
     result = {"model": args.model, "task": args.task, "n": len(examples), "algorithm": args.algorithm,
+              "sglang": args.url or "CPU stand-in",
               "sampler": sampler, "cache": args.cache, "block_length": task.block_length,
               "accuracy": {"sglang": score(got), "reference": score(ref.tokens), "reference_vanilla": score(van.tokens)},
-              "agreement_sglang_vs_reference": agreement(got, ref.tokens),
+              "agreement_sglang_vs_reference": agreement(cut(got), cut(ref.tokens)),
               "seconds": {"sglang": round(seconds, 2), "reference": round(ref.seconds, 2)}}
     print(json.dumps(result, indent=2))
     if args.out:
