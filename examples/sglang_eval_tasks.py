@@ -22,10 +22,8 @@ SGLang with that reference, on answers cut after their first EOS (SGLang stops t
 from __future__ import annotations
 
 import argparse
-import concurrent.futures as cf
 import json
 import time
-import urllib.request
 
 import torch
 
@@ -60,17 +58,10 @@ def run_sglang(args, task, prompts, mask_id: int) -> tuple[list[list[int]], floa
 
 def run_server(url: str, task, prompts, in_flight: int) -> tuple[list[list[int]], float]:
     """Each prompt through a running SGLang server's POST /generate (greedy), ``in_flight`` at a time."""
-    def one(ids: list[int]) -> list[int]:
-        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": task.gen_length, "temperature": 0.0}}
-        req = urllib.request.Request(url.rstrip("/") + "/generate", json.dumps(body).encode(),
-                                     {"content-type": "application/json"})
-        with urllib.request.urlopen(req, timeout=600) as r:
-            return json.loads(r.read())["output_ids"]
+    from sglang_spec_bench import run  # examples/: the same HTTP client
 
-    t = time.perf_counter()
-    with cf.ThreadPoolExecutor(in_flight) as pool:
-        out = list(pool.map(one, prompts))
-    return out, time.perf_counter() - t
+    r = run(url, prompts, task.gen_length, in_flight)
+    return r["answers"], r["seconds"]
 
 
 def main() -> None:
