@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+from tqdm import tqdm
+
 
 class _Lines:
     """A stream for tqdm that turns each redraw (``\\r`` + status) into one line; blank redraws are dropped."""
@@ -21,29 +23,22 @@ class _Lines:
         self.stream.flush()
 
 
-def _log_bar():
-    from tqdm import tqdm
+class _LogBar(tqdm):
+    """Status changes wait for the next timed line instead of forcing one."""
 
-    class LogBar(tqdm):
-        """Status changes wait for the next timed line instead of forcing one."""
+    def set_postfix(self, ordered_dict=None, refresh=False, **kwargs):
+        super().set_postfix(ordered_dict, refresh=False, **kwargs)
 
-        def set_postfix(self, ordered_dict=None, refresh=False, **kwargs):
-            super().set_postfix(ordered_dict, refresh=False, **kwargs)
-
-        def set_postfix_str(self, s="", refresh=False):
-            super().set_postfix_str(s, refresh=False)
-
-    return LogBar
+    def set_postfix_str(self, s="", refresh=False):
+        super().set_postfix_str(s, refresh=False)
 
 
 def progress(iterable=None, *, total: int | None = None, desc: str = "", initial: int = 0, disable: bool = False,
              every_s: float = 30.0, file=None):
     """``tqdm(iterable, total=..., desc=...)`` with the terminal check above (``file``: default stderr)."""
-    from tqdm import tqdm
-
     stream = file or sys.stderr
     if getattr(stream, "isatty", lambda: False)():
         return tqdm(iterable, total=total, desc=desc, initial=initial, disable=disable, file=stream,
                     dynamic_ncols=True)
-    return _log_bar()(iterable, total=total, desc=desc, initial=initial, disable=disable, file=_Lines(stream),
-                      mininterval=every_s, maxinterval=every_s, ncols=120, ascii=True)
+    return _LogBar(iterable, total=total, desc=desc, initial=initial, disable=disable, file=_Lines(stream),
+                   mininterval=every_s, maxinterval=every_s, ncols=120, ascii=True)
