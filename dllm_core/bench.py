@@ -7,7 +7,13 @@ output and the fraction of layer work done (1.0 = recompute everything every ste
 ``bench.md``, ``bench.json`` and ``bench.png`` (speedup vs accuracy) to ``--out``.
 
 Generated tokens are canvas tokens (gen_length per row, EOS padding included); seconds are the
-engine's decoding time (tokenization and model loading excluded)."""
+engine's decoding time (tokenization and model loading excluded).
+
+``--long 256`` / ``--long 512`` run the long-answer tasks (``tasks.LONG_TASKS``, blocks of 32) on the
+shipped long-answer model, the papers' settings. ``bench.md`` also holds the profile of every pair: the
+speedup split into fewer forwards (NFE) and cheaper forwards (cost per forward against the vanilla
+loop's), and the vanilla loop's forward against a bare model forward of the same shape (what the
+engine adds per step)."""
 from __future__ import annotations
 
 import json
@@ -18,10 +24,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import GenerationConfig
-from .tasks import Example, Task
+from .tasks import LONG_TASKS, Example, Task
 
 VANILLA = ("low_confidence", "none")
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "llada-tasks"
+LONG_MODEL = DEFAULT_MODEL.parent / "llada-long"
 DEFAULT_TASKS = "arithmetic;sort;retrieval"
 DEFAULT_SAMPLERS = "low_confidence;threshold:tau=0.9;factor:f=1.0;slowfast"
 DEFAULT_CACHES = "none;prefix;dual;dllm:kp=50,kr=7,rho=0.25"
@@ -100,35 +107,42 @@ def run_grid(model, tok, workloads: list[Workload], samplers: list[str], caches:
             results[s, c, wl.name] = runs[len(runs) // 2]
             bar.update()
     bar.close()
-    return [summarize(model, tok, workloads, results, s, c) for s, c in pairs]
+    return [summarize(model, tok, workloads, results, s, c, batch_size) for s, c in pairs]
 
 
-def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: str) -> dict:
+def forwards(nfe: list[int], batch_size: int) -> int:
+    """Model forwards of batched decoding: each batch steps until its slowest row is done."""
+    return sum(max(nfe[i:i + batch_size]) for i in range(0, len(nfe), batch_size))
+
+
+def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: str, batch_size: int = 8) -> dict:
     """One table row: accuracy per scored workload and totals over all workloads."""
     from .cli import decode, stop_ids
 
     stop = stop_ids(tok, model) if tok is not None else set()
     row = {"sampler": s, "cache": c, "accuracy": {}, "per_task": {}}
-    tot = {"tokens": 0, "nfe": 0, "seconds": 0.0, "same": 0, "work": 0, "full": 0}
+    tot = {"tokens": 0, "nfe": 0, "seconds": 0.0, "same": 0, "work": 0, "full": 0, "forwards": 0}
     for wl in workloads:
         r, base = results[s, c, wl.name], results[VANILLA + (wl.name,)]
         gen = len(r.tokens) * wl.cfg.gen_length
         same = sum(a == b for ra, rb in zip(r.tokens, base.tokens) for a, b in zip(ra, rb))
+        fw = forwards(r.nfe, batch_size)
         task = {"seconds": r.seconds, "nfe_per_token": sum(r.nfe) / gen, "speedup": base.seconds / r.seconds,
-                "agreement": same / gen}
+                "agreement": same / gen, "forwards": fw, "ms_per_forward": 1e3 * r.seconds / fw}
         if wl.task is not None:
             ok = [wl.task.score(decode(tok, ids, stop), ex) for ids, ex in zip(r.tokens, wl.examples)]
             task["accuracy"] = row["accuracy"][wl.name] = sum(ok) / len(ok)
         row["per_task"][wl.name] = task
         for k, v in (("tokens", gen), ("nfe", sum(r.nfe)), ("seconds", r.seconds), ("same", same),
-                     ("work", r.work), ("full", r.full_work)):
+                     ("work", r.work), ("full", r.full_work), ("forwards", fw)):
             tot[k] += v
     base_s = sum(results[VANILLA + (wl.name,)].seconds for wl in workloads)
     acc = row["accuracy"]
     row.update(mean_accuracy=sum(acc.values()) / len(acc) if acc else None,
                nfe_per_token=tot["nfe"] / tot["tokens"], tokens_per_s=tot["tokens"] / tot["seconds"],
                seconds=tot["seconds"], speedup=base_s / tot["seconds"], agreement=tot["same"] / tot["tokens"],
-               work=tot["work"] / max(tot["full"], 1))
+               work=tot["work"] / max(tot["full"], 1), forwards=tot["forwards"],
+               ms_per_forward=1e3 * tot["seconds"] / tot["forwards"])
     return row
 
 
@@ -143,6 +157,44 @@ def markdown(rows: list[dict]) -> str:
         lines.append("| " + " | ".join([f"`{r['sampler']}`", f"`{r['cache']}`", *acc, f"{r['nfe_per_token']:.3f}",
                                         f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['agreement']:.3f}",
                                         f"{r['work']:.3f}"]) + " |")
+    return "\n".join(lines)
+
+
+def bare_forward_ms(model, workloads: list[Workload], batch_size: int, repeat: int = 5) -> float:
+    """Mean milliseconds of one plain full-canvas model forward per batch over the workloads (median of
+    ``repeat``): the compute floor of one vanilla step."""
+    import time
+
+    import torch
+
+    from .engine import build_canvas
+
+    total = 0.0
+    for wl in workloads:
+        prompts = wl.prompts[:batch_size]
+        x, keep, pos, _ = build_canvas(prompts, wl.cfg, model.args.mask_token_id, 0, model.embed.weight.device)
+        times = []
+        with torch.inference_mode():
+            for _ in range(repeat + 1):
+                t0 = time.perf_counter()
+                model(x, pos, keep)
+                times.append(time.perf_counter() - t0)
+        total += sorted(times[1:])[repeat // 2]
+    return 1e3 * total / len(workloads)
+
+
+def profile_markdown(rows: list[dict], bare_ms: float) -> str:
+    """Where each pair's speedup comes from: speedup = NFE ratio x forward-cost ratio (both against the
+    vanilla row, which is first); ``vanilla step / bare forward`` is the engine's per-step overhead."""
+    van = rows[0]
+    lines = [f"Vanilla step {van['ms_per_forward']:.1f} ms against a bare full-canvas forward of {bare_ms:.1f} ms "
+             f"(engine + sampler overhead per step: {van['ms_per_forward'] / bare_ms - 1:+.0%}).", "",
+             "| sampler | cache | forwards | fewer forwards | ms/forward | cheaper forwards | work | speedup |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| `{r['sampler']}` | `{r['cache']}` | {r['forwards']} | {van['forwards'] / r['forwards']:.2f}x | "
+                     f"{r['ms_per_forward']:.1f} | {van['ms_per_forward'] / r['ms_per_forward']:.2f}x | "
+                     f"{r['work']:.3f} | {r['speedup']:.2f}x |")
     return "\n".join(lines)
 
 
@@ -177,10 +229,13 @@ def plot(rows: list[dict], path: str | Path, title: str = "dllm bench") -> None:
 
 def add_parser(sub) -> None:
     b = sub.add_parser("bench", help="accuracy x speed of every sampler x cache pair on the task suite")
-    b.add_argument("--model", default=str(DEFAULT_MODEL), help="diffusion checkpoint dir (default: the shipped "
-                                                               "models/llada-tasks)")
+    b.add_argument("--model", default=None, help="diffusion checkpoint dir (default: the shipped models/llada-tasks; "
+                                                 "with --long models/llada-long)")
     b.add_argument("--tasks", default=None, help=f"';'-separated task specs (default {DEFAULT_TASKS!r}; "
-                                                  f"--quick: {QUICK['tasks']!r})")
+                                                  f"--quick: {QUICK['tasks']!r}; --long N: the long-answer tasks "
+                                                  f"of canvas N)")
+    b.add_argument("--long", type=int, default=None, help=f"one of {sorted(LONG_TASKS)}: the long-answer tasks on "
+                                                          f"that canvas (blocks of 32), the papers' settings")
     b.add_argument("--samplers", default=DEFAULT_SAMPLERS, help="';'-separated sampler specs")
     b.add_argument("--caches", default=DEFAULT_CACHES, help="';'-separated cache specs")
     b.add_argument("--n", type=int, default=None, help=f"test examples per task (default {FULL_N}; "
@@ -214,7 +269,11 @@ def cmd_bench(a) -> int:
     from .cli import torch_dtype
     from .tasks import parse_tasks
 
-    tasks = parse_tasks(a.tasks or (QUICK["tasks"] if a.quick else DEFAULT_TASKS))
+    if a.long is not None and a.long not in LONG_TASKS:
+        raise ValueError(f"--long must be one of {sorted(LONG_TASKS)}, got {a.long}")
+    default = LONG_TASKS[a.long] if a.long else QUICK["tasks"] if a.quick else DEFAULT_TASKS
+    tasks = parse_tasks(a.tasks or default)
+    a.model = a.model or str(LONG_MODEL if a.long else DEFAULT_MODEL)
     n = a.n if a.n is not None else (QUICK["n"] if a.quick else FULL_N)
     if n < 1:
         raise ValueError(f"--n must be >= 1, got {n}")
@@ -229,16 +288,18 @@ def cmd_bench(a) -> int:
     torch.manual_seed(a.seed)
     wls = task_workloads(tok, tasks, n, a.seed)
     rows = run_grid(model, tok, wls, samplers, caches, a.batch_size, a.repeat, progress=not a.no_progress)
+    bare = bare_forward_ms(model, wls, a.batch_size)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     meta = {"command": command(a, tasks, n), "model": str(a.model), "device": a.device, "dtype": a.dtype,
             "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(), "n": n,
             "batch_size": a.batch_size, "repeat": a.repeat, "seed": a.seed, "tasks": [t.label for t in tasks],
             "canvas": {w.name: {"gen_length": w.cfg.gen_length, "block_length": w.cfg.block_length,
-                                "steps": w.cfg.steps, "prompt_tokens": max(map(len, w.prompts))} for w in wls}}
+                                "steps": w.cfg.steps, "prompt_tokens": max(map(len, w.prompts))} for w in wls},
+            "bare_forward_ms": bare}
     (out / "bench.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     table = markdown(rows)
-    (out / "bench.md").write_text(table + "\n")
+    (out / "bench.md").write_text(table + "\n\n" + profile_markdown(rows, bare) + "\n")
     plot(rows, out / "bench.png", f"{Path(a.model).name}: {n} test examples/task")
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)

@@ -1,7 +1,8 @@
 """``dllm demo``: the main job. With the shipped task model (``models/llada-tasks``) or ``--model``, it
 shows a few generations on test-split prompts and the quick ``dllm bench`` table: accuracy per task,
 NFE per token, speed and agreement relative to the vanilla loop for every sampler x cache policy, all
-measured in one run. Without a trained model (or with ``--random``) it builds tiny random LLaDA and
+measured in one run. With the shipped long-answer model (``models/llada-long``) it then solves the
+long-answer tasks (a 256-token canvas, blocks of 32) and measures the papers' pairs there. Without a trained model (or with ``--random``) it builds tiny random LLaDA and
 Dream checkpoints and compares the policies on fixed prompts (agreement instead of accuracy)."""
 from __future__ import annotations
 
@@ -9,11 +10,12 @@ import tempfile
 import time
 from pathlib import Path
 
-from .bench import DEFAULT_CACHES, DEFAULT_MODEL, DEFAULT_SAMPLERS, QUICK, Workload, markdown, run_grid, \
+from .bench import DEFAULT_CACHES, DEFAULT_MODEL, DEFAULT_SAMPLERS, LONG_MODEL, QUICK, Workload, markdown, run_grid, \
     task_workloads
 
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 SHOW = 2  # generations shown per task
+LONG = {"canvas": 256, "n": 2, "samplers": "threshold:tau=0.9;slowfast", "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
 
 
 def add_parser(sub) -> None:
@@ -28,12 +30,18 @@ def add_parser(sub) -> None:
     d.add_argument("--tasks", default=QUICK["tasks"], help="';'-separated task specs (trained model)")
     d.add_argument("--n", type=int, default=QUICK["n"], help="test examples per task (trained model)")
     d.add_argument("--repeat", type=int, default=1, help="timed repetitions per policy (median)")
+    d.add_argument("--no-long", action="store_true", help="skip the long-answer part (models/llada-long)")
     add_generation_args(d)  # canvas of the random-checkpoint comparison
     d.set_defaults(func=cmd_demo, gen_length=64, block_length=16, steps=64)
 
 
-def task_demo(a, d: Path) -> None:
-    """Generations on test prompts (vanilla loop) and the quick bench table of a task-suite model."""
+def short(text: str, keep: int = 60) -> str:
+    """``text`` with its middle elided past ``2 * keep`` characters."""
+    return text if len(text) <= 2 * keep else f"{text[:keep]} ... {text[-keep:]}"
+
+
+def task_demo(a, d: Path, tasks: str, n: int, samplers: str, caches: str, title: str = "") -> None:
+    """Generations on test prompts (vanilla loop) and the bench table of a task-suite model."""
     from . import load_model, load_tokenizer
     from .cli import decode, stop_ids, torch_dtype
     from .tasks import parse_tasks
@@ -41,16 +49,16 @@ def task_demo(a, d: Path) -> None:
 
     t0 = time.perf_counter()
     model, tok = load_model(d, a.device, torch_dtype(a.dtype)), load_tokenizer(d)
-    print(f"## {type(model).__name__} from {d} (loaded in {time.perf_counter() - t0:.1f}s)")
-    wls = task_workloads(tok, parse_tasks(a.tasks), a.n, a.seed)
+    print(f"## {title}{type(model).__name__} from {d} (loaded in {time.perf_counter() - t0:.1f}s)")
+    wls = task_workloads(tok, parse_tasks(tasks), n, a.seed)
     stop = stop_ids(tok, model)
     for wl in wls:
         out = generate_batched(model, wl.prompts[:SHOW], wl.cfg)
         for ex, ids in zip(wl.examples, out.tokens):
             text = decode(tok, ids, stop)
             mark = "ok" if wl.task.score(text, ex) else "WRONG"
-            print(f"> [{wl.name}] ...{ex.prompt[-70:]!r}\n  {text!r}  [{mark}]")
-    rows = run_grid(model, tok, wls, a.samplers.split(";"), a.caches.split(";"), repeat=a.repeat)
+            print(f"> [{wl.name}, {len(ids)}-token canvas] {short(ex.prompt, 40)!r}\n  {short(text)!r}  [{mark}]")
+    rows = run_grid(model, tok, wls, samplers.split(";"), caches.split(";"), repeat=a.repeat)
     print(markdown(rows))
 
 
@@ -79,5 +87,11 @@ def cmd_demo(a) -> int:
     if a.random or (a.model is None and not (d / "config.json").is_file()):
         random_demo(a)
     else:
-        task_demo(a, d)
+        task_demo(a, d, a.tasks, a.n, a.samplers, a.caches)
+        if a.model is None and not a.no_long and (LONG_MODEL / "config.json").is_file():
+            from .tasks import LONG_TASKS
+
+            print()
+            task_demo(a, LONG_MODEL, LONG_TASKS[LONG["canvas"]], LONG["n"], LONG["samplers"], LONG["caches"],
+                      f"long answers ({LONG['canvas']}-token canvas, blocks of 32): ")
     return 0

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dllm_core.bench import DEFAULT_MODEL, combos, markdown
+from dllm_core.bench import DEFAULT_MODEL, combos, markdown, profile_markdown
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").is_file(), reason="models/llada-tasks not shipped")
 
@@ -27,7 +27,8 @@ def test_writes_table_json_and_plot(quick):
     rows = res["rows"]
     assert [(r["sampler"], r["cache"]) for r in rows] == combos(
         ["low_confidence", "threshold:tau=0.9", "slowfast"], ["none", "dual:every=1", "dllm:kp=50,kr=7,rho=0.25"])
-    assert (out / "bench.md").read_text().strip() == markdown(rows)
+    assert (out / "bench.md").read_text().strip() == markdown(rows) + "\n\n" + profile_markdown(
+        rows, res["bare_forward_ms"])
     labels = ["arithmetic", "sort", "retrieval:pairs=30"]
     assert res["tasks"] == labels and res["n"] == 4 and list(res["canvas"]) == labels
     assert all(list(r["accuracy"]) == labels for r in rows)
@@ -39,6 +40,10 @@ def test_vanilla_row_and_exact_cache(quick):
     van = rows["low_confidence", "none"]
     assert van["speedup"] == 1.0 and van["agreement"] == 1.0 and van["work"] == 1.0
     assert van["nfe_per_token"] == 1.0  # vanilla: steps == gen_length
+    assert van["forwards"] == 24 + 24 + 8  # one batch per task, gen_length forwards each
+    for r in rows.values():  # the profile's split: speedup = fewer forwards x cheaper forwards
+        fewer, cheaper = van["forwards"] / r["forwards"], van["ms_per_forward"] / r["ms_per_forward"]
+        assert fewer * cheaper == pytest.approx(r["speedup"], rel=1e-9)
     exact = rows["low_confidence", "dual:every=1"]  # refresh every step = exact: same tokens as vanilla
     assert exact["agreement"] == 1.0 and exact["accuracy"] == van["accuracy"]
     for c in ("none", "dllm:kp=50,kr=7,rho=0.25"):
@@ -64,6 +69,9 @@ def test_bad_spec_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--n", "0", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--n must be >= 1, got 0" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--long", "300", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--long must be one of [256, 512], got 300" in p.stderr
 
 
 def test_progress_outside_a_terminal_writes_plain_timed_lines():

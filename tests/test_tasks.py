@@ -2,10 +2,15 @@
 import random
 import re
 
+from pathlib import Path
+
 import pytest
 
-from dllm_core.tasks import TASKS, Arithmetic, Count, Retrieval, Sort, final_answer, make_task, parse_tasks, split_of
+from dllm_core.tasks import LONG_TASKS, TASKS, Arithmetic, Count, Progression, Retrieval, Sort, final_answer, make_task, \
+    parse_tasks, split_of
 from dllm_core.tasks.base import TEST_FRACTION
+
+MODELS = Path(__file__).resolve().parents[1] / "models"
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -88,6 +93,34 @@ def test_sort_and_retrieval_and_count_answers():
     assert ex.answer.split() == [str(i) for i in range(a + 1, b + 1)] and b - a == 500
     assert Count.prefix_match(ex.answer, ex.answer) == 1.0
     assert Count.prefix_match(" ".join(ex.answer.split()[:250]) + " 7", ex.answer) == 0.5
+
+
+def test_progression_worked_solution_is_correct():
+    for ex in Progression(min_days=1, days=40).examples("train", 300, seed=1):
+        start, step, days = (int(n) for n in re.findall(r"\d+", ex.prompt))
+        *lines, last = ex.response.split("\n")
+        assert 1 <= days <= 40 and len(lines) == days and last == f"#### {start + days * step}"
+        for i, line in enumerate(lines, 1):  # each day adds the same step to the day before
+            assert line == f"Day {i}: {start + i * step}"
+        assert ex.answer == str(start + days * step) < "999" and Progression().score(ex.response, ex)
+        assert not Progression().score(ex.response.replace(f"#### {ex.answer}", "#### 0"), ex)
+    with pytest.raises(ValueError, match="totals must stay below 1000"):
+        make_task("progression:days=60")
+
+
+@pytest.mark.parametrize("canvas", sorted(LONG_TASKS))
+def test_long_tasks_fill_their_canvas(canvas):
+    """The long-answer settings: every answer fits its canvas (blocks of 32) and takes most of it."""
+    from dllm_core.tokenizer import load_tokenizer
+    from dllm_core.train.data import stream_keys
+
+    tok = load_tokenizer(MODELS / "llada-tasks")
+    for task in parse_tasks(LONG_TASKS[canvas]):
+        assert (task.gen_length, task.block_length) == (canvas, 32)
+        lens = [len(tok(e.response)["input_ids"]) + 1 for e in task.examples("test", 100)]  # + EOT
+        assert 0.75 * canvas < max(lens) <= canvas, (task.label, max(lens))
+    mix = parse_tasks("count:span=48;count:min_span=40,span=100;sort")
+    assert stream_keys(mix) == ["count", "count:span=100,min_span=40", "sort"]
 
 
 def test_task_specs_and_errors():

@@ -5,11 +5,13 @@ from ..options import parse_spec
 from .arithmetic import Arithmetic
 from .base import SPLITS, Example, Task, final_answer, split_of
 from .counting import Count
+from .progression import Progression
 from .retrieval import Retrieval
 from .sorting import Sort
 
-TASKS: dict[str, type[Task]] = {c.name: c for c in (Arithmetic, Sort, Retrieval, Count)}
+TASKS: dict[str, type[Task]] = {c.name: c for c in (Arithmetic, Sort, Retrieval, Count, Progression)}
 DEFAULT_TASKS = ("arithmetic", "sort", "retrieval")
+LONG_TASKS = {256: "count:span=48;progression:days=20", 512: "count:span=100;progression:days=40"}  # by canvas
 
 
 def make_task(spec: "str | Task") -> Task:
@@ -25,5 +27,5 @@ def parse_tasks(spec: str) -> list[Task]:
     return tasks
 
 
-__all__ = ["DEFAULT_TASKS", "SPLITS", "TASKS", "Arithmetic", "Count", "Example", "Retrieval", "Sort", "Task",
+__all__ = ["DEFAULT_TASKS", "LONG_TASKS", "SPLITS", "TASKS", "Arithmetic", "Count", "Example", "Progression", "Retrieval", "Sort", "Task",
            "final_answer", "make_task", "parse_tasks", "split_of"]

@@ -1,4 +1,5 @@
-"""Long free-running generation: count from a to b (thousands of tokens at the default span).
+"""Long free-running generation: count from a to b (thousands of tokens at the default span; the long-answer
+settings: ``span=48`` on a 256-token canvas, ``span=100`` on 512).
 
 Every number follows from the previous one and the n-grams repeat heavily, so a model that has
 learnt the rule can keep going for thousands of tokens and n-gram drafters have a lot to reuse."""
@@ -16,7 +17,7 @@ class Count(Task):
     """Count up by one from ``start`` in [lo, hi) for ``min_span``..``span`` numbers."""
 
     name: ClassVar[str] = "count"
-    block_length: ClassVar[int] = 64
+    block_length: ClassVar[int] = 32
     lo: int = 100
     hi: int = 9000
     span: int = 500
@@ -29,7 +30,8 @@ class Count(Task):
 
     @property
     def gen_length(self) -> int:
-        """Room for ``span`` numbers of up to 4 digits + spaces + EOT, in whole blocks (2,560 at 500)."""
+        """Room for ``span`` numbers of up to 4 digits + spaces + EOT, in whole blocks (256 at 48,
+        512 at 100, 2,528 at 500)."""
         return (5 * self.span + self.block_length) // self.block_length * self.block_length
 
     def test_variant(self) -> "Count":

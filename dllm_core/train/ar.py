@@ -12,7 +12,7 @@ import torch.nn.functional as F
 
 from .common import add_train_args, dtype_of, eval_fn, init_from, setup, train_config
 from .config import TrainConfig
-from .data import ChatEncoder, ar_batch, draw
+from .data import ChatEncoder, ar_batch, draw, stream_keys
 from .loop import train
 
 DEFAULTS = TrainConfig(out="models/qwen3-tasks", tasks="arithmetic;sort;retrieval:min_pairs=4;count:min_span=1,span=60",
@@ -68,8 +68,8 @@ def cmd_train_ar(a) -> int:
 
     def loss_fn(step: int):
         total, n = 0.0, 0
-        for task, b in zip(tasks, sizes):
-            x, att, lab = ar_batch(enc, draw(task, b, cfg.seed, step), ids, cfg.device)
+        for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
+            x, att, lab = ar_batch(enc, draw(task, b, cfg.seed, step, key), ids, cfg.device)
             total = total + ar_loss(model, x, att, lab)
             n += x.numel()
         return total / len(tasks), n

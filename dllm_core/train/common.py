@@ -118,12 +118,14 @@ def step_generator(cfg: TrainConfig, step: int) -> torch.Generator:
 
 def eval_fn(cfg: TrainConfig, run):
     """Accuracy on the first ``eval_n`` test examples of each task; ``run(task, examples)`` -> TaskRun."""
-    # the test distribution of each trained task (count: at most 50 numbers, a long span takes minutes)
+    from .data import stream_keys
+
+    # the test distribution of each trained task (count: at most 100 numbers, a longer span takes minutes)
     tasks = [t.test_variant() for t in cfg.task_list()]
-    tasks = [replace(t, span=min(t.span, 50)) if t.name == "count" else t for t in tasks]
+    tasks = [replace(t, span=min(t.span, 100)) if t.name == "count" else t for t in tasks]
 
     def fn() -> dict:
-        return {t.name: run(t, t.examples("test", cfg.eval_n)).accuracy for t in tasks}
+        return {k: run(t, t.examples("test", cfg.eval_n)).accuracy for t, k in zip(tasks, stream_keys(tasks))}
     return fn
 
 

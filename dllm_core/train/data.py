@@ -39,13 +39,24 @@ class ChatEncoder:
         return out
 
 
-def step_rng(seed: int, step: int, task: Task) -> random.Random:
-    """The data stream of one task at one step; depends on nothing else, so resuming is exact."""
-    return random.Random(f"{seed}:{step}:{task.name}")
+def stream_keys(tasks: list[Task]) -> list[str]:
+    """One name per task of a mixture: its name, or its spec string when an earlier task has the same name
+    (``count:span=48;count:span=100`` -> ``count``, ``count:span=100``), so no two draw the same stream."""
+    seen: set[str] = set()
+    out = []
+    for t in tasks:
+        out.append(t.label if t.name in seen else t.name)
+        seen.add(t.name)
+    return out
 
 
-def draw(task: Task, n: int, seed: int, step: int) -> list[Example]:
-    rng = step_rng(seed, step, task)
+def step_rng(seed: int, step: int, key: str) -> random.Random:
+    """The data stream of one task (``stream_keys``) at one step; depends on nothing else, so resuming is exact."""
+    return random.Random(f"{seed}:{step}:{key}")
+
+
+def draw(task: Task, n: int, seed: int, step: int, key: str | None = None) -> list[Example]:
+    rng = step_rng(seed, step, key or task.name)
     return [task.sample(rng, "train") for _ in range(n)]
 
 

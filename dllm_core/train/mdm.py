@@ -24,7 +24,7 @@ from ..models import DiffusionLM, DreamModel, LLaDAModelLM, load_model, save_mod
 from ..testing import llada_config
 from .common import add_train_args, dtype_of, eval_fn, init_from, setup, step_generator, train_config
 from .config import MDM_ARCHS, MDMTrainConfig
-from .data import ChatEncoder, draw, mdm_batch
+from .data import ChatEncoder, draw, mdm_batch, stream_keys
 from .loop import train
 
 EPS = 1e-3
@@ -124,8 +124,8 @@ def cmd_train_mdm(a) -> int:
 
     def loss_fn(step: int):
         gen, total, n = step_generator(cfg, step), 0.0, 0
-        for task, b in zip(tasks, sizes):
-            x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step), ids, cfg.device)
+        for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
+            x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
                             cfg.prompt_noise)
             total = total + loss
