@@ -85,8 +85,8 @@ def test_sort_and_retrieval_and_count_answers():
         assert Sort().score("  " + ex.answer.replace(" ", "  ") + " ", ex)
         assert not Sort().score(ex.answer[::-1] + " 0", ex)
     for ex in Retrieval().examples("test", 20):
-        q = ex.prompt.rsplit(" ", 1)[1].rstrip("?")
-        lines = dict(line.split(": ") for line in ex.prompt.splitlines()[1:-1])
+        q = ex.prompt.splitlines()[-1].rstrip(":")
+        lines = dict(line.split(": ") for line in ex.prompt.splitlines()[1:-2])
         assert len(lines) == 100 and lines[q] == ex.answer
     ex = Count().examples("test", 1)[0]
     a, b = map(int, re.findall(r"\d+", ex.prompt))
@@ -152,3 +152,7 @@ def test_tokenizer_digits_specials_and_lengths(tmp_path):
     for t in (Arithmetic(), Sort()):  # responses + EOT fit the canvas the models use
         assert max(len(encode(tok, e, ids["eot"])[1]) for e in t.examples("test", 200)) <= t.gen_length
     assert min(map(len, prompts_of(tok, Retrieval().examples("test", 10)))) >= 1000
+    for ex in Retrieval().examples("test", 20):  # the asked key has the tokens of its entry
+        ids = tok(ex.prompt, add_special_tokens=False)["input_ids"]
+        q = tok("\n" + ex.prompt.splitlines()[-1], add_special_tokens=False)["input_ids"]
+        assert ids[-len(q):] == q and any(ids[i:i + len(q)] == q for i in range(len(ids) - len(q)))

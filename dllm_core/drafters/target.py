@@ -1,4 +1,5 @@
-"""The frozen causal target: loading (local transformers checkpoint) and greedy regeneration of its outputs."""
+"""The frozen causal target: loading (local transformers checkpoint), greedy regeneration of its outputs, and
+the hidden states drafters train on (only the layers asked for, a chunk of tokens at a time)."""
 from __future__ import annotations
 
 from collections import defaultdict
@@ -47,3 +48,33 @@ def regenerate(target, prompts: list[list[int]], max_new_tokens: int, stop_ids: 
             if progress is not None:
                 progress.update(len(rows))
     return out
+
+
+@torch.no_grad()
+def target_features(target, tokens: torch.Tensor, layer_ids: tuple[int, ...], chunk: int = 0) -> torch.Tensor:
+    """Outputs of the target's decoder layers ``layer_ids`` (0-based; the last layer's after the final norm, as
+    transformers' ``hidden_states[i + 1]``), concatenated: tokens [S, L] (right-padded) -> [S, L, k*H].
+
+    Only these layers' states are kept (not every layer's, nor the logits); ``chunk`` > 0 runs the sequence
+    ``chunk`` tokens at a time against the KV cache of the tokens before, so activation memory is bounded by
+    the chunk, not by L."""
+    from transformers import DynamicCache
+
+    decoder = target.get_decoder()
+    n, got = len(decoder.layers), {}
+    inner = sorted({i for i in layer_ids if i < n - 1})
+    hooks = [decoder.layers[i + 1].register_forward_pre_hook(
+        lambda mod, args, kw, i=i: got.__setitem__(i, (args[0] if args else kw["hidden_states"])),
+        with_kwargs=True) for i in inner]
+    parts, cache, L = [], DynamicCache(), tokens.shape[1]
+    step = chunk if 0 < chunk < L else L
+    try:
+        for s in range(0, L, step):
+            got.clear()
+            out = decoder(input_ids=tokens[:, s:s + step], past_key_values=cache, use_cache=step < L)
+            got[n - 1] = out.last_hidden_state
+            parts.append(torch.cat([got[i] for i in layer_ids], -1))
+    finally:
+        for h in hooks:
+            h.remove()
+    return torch.cat(parts, 1)

@@ -1,4 +1,8 @@
-"""Key-value retrieval from a long prompt (~1,000+ tokens at the default 100 pairs)."""
+"""Key-value retrieval from a long prompt (~1,000+ tokens at the default 100 pairs).
+
+The asked key ends the prompt on a line of its own, written as in its entry (``\nsbnj:``), so it has the
+same tokens there: in running text the tokenizer would merge its first letter with the space before it
+(`` s`` + ``bnj``), and the lookup would first have to learn that two token strings name one key."""
 from __future__ import annotations
 
 import random
@@ -36,6 +40,6 @@ class Retrieval(Task):
             keys["".join(rng.choices(string.ascii_lowercase, k=self.key_len))] = str(rng.randint(1000, 9999))
         q = rng.choice(list(keys))
         lines = "\n".join(f"{k}: {v}" for k, v in keys.items())
-        prompt = f"Here are some keys and their values.\n{lines}\nWhat is the value of {q}?"
+        prompt = f"Here are some keys and their values.\n{lines}\nWhat is the value of this key?\n{q}:"
         key = "|".join(f"{k}={v}" for k, v in keys.items()) + f"?{q}"
         return Example(self.name, prompt, keys[q], keys[q], key)

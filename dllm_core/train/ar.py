@@ -66,7 +66,7 @@ def cmd_train_ar(a) -> int:
     model = build(cfg, ids)
     tasks, sizes, enc = cfg.task_list(), cfg.batch_sizes, ChatEncoder(tok, ids["eot"])
 
-    def loss_fn(step: int):
+    def loss_fn(step: int, micro: int = 0):
         total, n = 0.0, 0
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
             x, att, lab = ar_batch(enc, draw(task, b, cfg.seed, step, key), ids, cfg.device)

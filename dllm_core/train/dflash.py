@@ -9,12 +9,18 @@
 3. AdamW + warmup/cosine with the shared loop (``train/loop.py``): progress bar, resumable ``--resume``
    (model + optimizer + step; data draws depend only on (seed, step), so a resumed run equals an
    uninterrupted one). The drafter is written to ``--out`` in the vLLM/SGLang checkpoint format.
+
+Under ``torchrun`` (``train/distributed.py``) the prompts are regenerated in per-rank shards, each rank trains
+on its rows of every step's global batch (``--batch-size`` sequences, split again into ``--grad-accum``
+micro-batches) with the drafter under DDP and the frozen target replicated, and the loss is normalised by the
+global batch, so any number of processes follows the one-process loss curve. Target features are taken from
+the chosen layers only, ``--feature-chunk`` tokens at a time (bounded memory on long sequences).
 """
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import ClassVar
 
@@ -23,6 +29,7 @@ import torch.nn.functional as F
 
 from .common import add_config_args, set_threads
 from .config import TrainBase
+from .distributed import World, finish, init_world, wrap
 
 INITS = ("random", "target")
 
@@ -31,7 +38,8 @@ INITS = ("random", "target")
 class DFlashTrainConfig(TrainBase):
     """Every knob of one drafter training run (optimisation, seed, device, checkpoints: ``TrainBase``)."""
 
-    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("regen_batch", "keep_data")
+    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("regen_batch", "keep_data", "grad_accum",
+                                                              "feature_chunk")
     target: str
     tasks: str = "arithmetic;sort;retrieval:min_pairs=4"  # prompt source (train split) unless prompts_file
     prompts_file: str | None = None   # JSONL ({"prompt": ...} per line) or plain text, one prompt a line
@@ -50,11 +58,14 @@ class DFlashTrainConfig(TrainBase):
     gamma: float = 7.0
     regen_batch: int = 32
     keep_data: bool = False
+    grad_accum: int = 1               # micro-batches per step on each rank (the global batch stays batch_size)
+    feature_chunk: int = 0            # target tokens per feature forward (0: whole sequences at once)
 
     def __post_init__(self):
         super().__post_init__()
         self.check_at_least(1, "num_prompts", "max_new_tokens", "layers", "blocks_per_seq", "batch_size",
-                            "regen_batch")
+                            "regen_batch", "grad_accum")
+        self.check_at_least(0, "feature_chunk")
         if self.block_size < 2:
             raise ValueError(f"--block-size must be >= 2, got {self.block_size}")
         if not self.gamma > 0:
@@ -120,27 +131,71 @@ def choose_mask_id(tok, target_cfg, requested: int | None) -> int:
     raise ValueError("--mask-token-id: the tokenizer has no mask token and no unused embedding row; give one")
 
 
-def build_data(cfg: DFlashTrainConfig, target, tok) -> dict:
-    """Regenerated (prompt, response) id lists, cached in ``<out>/regenerated.pt`` for resumption."""
-    from ..progress import progress
+def cached(path: Path, key: dict, world: World, make) -> dict:
+    """``path``'s data when it was made with ``key``, else ``make()`` (every rank calls it: per-rank shards),
+    saved by rank 0; every rank returns the same data."""
+    if path.is_file():
+        data = torch.load(path, weights_only=True)
+        if data["key"] == key:
+            return data
+    data = {"key": key, **make()}
+    if world.main:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        torch.save(data, path)
+    world.barrier()
+    return data
 
+
+def build_data(cfg: DFlashTrainConfig, target, tok, world: World = World()) -> dict:
+    """Regenerated (prompt, response) id lists, cached in ``<out>/regenerated.pt`` for resumption; under
+    ``torchrun`` each rank regenerates its shard of the prompts."""
     from ..drafters.target import regenerate
+    from ..progress import progress
     from ..tokenizer import encode_prompt
 
     key = {k: getattr(cfg, k) for k in ("target", "tasks", "prompts_file", "num_prompts", "chat",
                                         "max_new_tokens", "seed")}
-    if cfg.data_path.is_file():
-        data = torch.load(cfg.data_path, weights_only=True)
-        if data["key"] == key:
-            return data
-    prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
-    with progress(total=len(prompts), desc="regenerate") as bar:
-        responses = regenerate(target, prompts, cfg.max_new_tokens, stop_ids(tok, target.config),
-                               cfg.regen_batch, bar)
-    data = {"key": key, "prompts": prompts, "responses": responses}
-    Path(cfg.out).mkdir(parents=True, exist_ok=True)
-    torch.save(data, cfg.data_path)
-    return data
+
+    def make() -> dict:
+        prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
+        mine = prompts[world.shard(len(prompts))]
+        with progress(total=len(mine), desc="regenerate", disable=not world.main) as bar:
+            responses = regenerate(target, mine, cfg.max_new_tokens, stop_ids(tok, target.config),
+                                   cfg.regen_batch, bar)
+        return {"prompts": prompts, "responses": world.gather(responses)}
+    return cached(cfg.data_path, key, world, make)
+
+
+@dataclass(frozen=True)
+class StepBatch:
+    """One step's global batch, the same on every rank: sequences, their anchors and packed blocks."""
+
+    tokens: torch.Tensor    # [S, L] right-padded
+    lengths: torch.Tensor   # [S]
+    packed: "PackedBlocks"  # [S, ...] (drafters/blocks.py)
+    anchors: torch.Tensor   # [S, N]
+    valid: torch.Tensor     # [S, N]
+    total: float            # sum of the loss weights of the whole batch (the loss's denominator)
+
+    def rows(self, rows: slice, device) -> tuple:
+        """tokens, packed blocks, anchors, valid of ``rows`` on ``device``."""
+        from ..drafters.blocks import PackedBlocks
+
+        pb = PackedBlocks(*(getattr(self.packed, f.name)[rows].to(device) for f in fields(self.packed)))
+        return self.tokens[rows].to(device), pb, self.anchors[rows], self.valid[rows]
+
+
+def step_batch(data: dict, step: int, cfg: DFlashTrainConfig, pad_id: int, mask_id: int,
+               anchor_gen: torch.Generator | None = None) -> StepBatch:
+    """Sequences, anchors and packed blocks of step ``step`` (a function of seed and step only; anchors drawn
+    with ``anchor_gen`` when given, else with the batch's generator)."""
+    from ..drafters.blocks import pack_blocks, sample_anchors
+
+    tokens, lengths, starts, g = batch_at(data, step, cfg, pad_id)
+    g = anchor_gen or g
+    anchors, valid = sample_anchors(lengths, starts, cfg.blocks_per_seq, tokens.shape[1], g)
+    pb = pack_blocks(tokens, lengths, anchors, valid, cfg.block_size, mask_id, cfg.gamma)
+    return StepBatch(tokens, lengths, pb, anchors, valid, float(pb.weights.sum()))
 
 
 def batch_at(data: dict, step: int, cfg: DFlashTrainConfig, pad_id: int):
@@ -177,21 +232,21 @@ def copy_target_layers(model, target) -> None:
             raise ValueError(f"--init target: target layer {j} lacks {missing.missing_keys}")
 
 
-def block_loss(drafter, target, tokens, lengths, starts, cfg: DFlashTrainConfig, g) -> tuple[torch.Tensor, dict]:
-    """Position-weighted denoising loss of random-anchor blocks; also the greedy in-block acceptance."""
-    from ..drafters.blocks import IGNORE, pack_blocks, sample_anchors
+def block_loss(step_module, drafter, target, batch: StepBatch, rows: slice, cfg: DFlashTrainConfig
+               ) -> tuple[torch.Tensor, dict]:
+    """Position-weighted denoising loss of the random-anchor blocks of ``rows`` of the step's batch, normalised
+    by the whole batch's weight (the parts of all ranks and micro-batches sum to the batch's loss); also the
+    greedy in-block acceptance of these rows. ``step_module``: the drafter, or the drafter under DDP."""
+    from ..drafters.blocks import IGNORE
+    from ..drafters.target import target_features
 
-    dev = cfg.device
-    tokens, lengths, starts = tokens.to(dev), lengths.to(dev), starts.to(dev)
-    with torch.no_grad():
-        feats = drafter.features(target(tokens, output_hidden_states=True).hidden_states)  # [S, L, k*H]
-    anchors, valid = sample_anchors(lengths.cpu(), starts.cpu(), cfg.blocks_per_seq, tokens.shape[1], g)
-    pb = pack_blocks(tokens, lengths, anchors.to(dev), valid.to(dev), cfg.block_size, drafter.cfg.mask_token_id,
-                     cfg.gamma)
-    h = drafter(drafter.embed(pb.ids), feats, pb.pos, mask=pb.mask)  # [S, N*B, H]
-    logits = drafter.logits(h).float()  # [S, N*B, V]
+    tokens, pb, anchors, valid = batch.rows(rows, cfg.device)
+    feats = target_features(target, tokens, drafter.cfg.target_layer_ids, cfg.feature_chunk)  # [s, L, k*H]
+    h = step_module(drafter.embed(pb.ids), feats, pb.pos, mask=pb.mask)  # [s, N*B, H]
+    logits = drafter.logits(h).float()  # [s, N*B, V]
     ce = F.cross_entropy(logits.flatten(0, 1), pb.labels.flatten(), ignore_index=IGNORE, reduction="none")
-    loss = (ce * pb.weights.flatten()).sum() / pb.weights.sum().clamp_min(1e-9)
+    loss = (ce * pb.weights.flatten()).sum() / max(batch.total, 1e-9)
+    valid = valid.to(cfg.device)
     with torch.no_grad():
         hit = (logits.argmax(-1) == pb.labels).view(*anchors.shape, cfg.block_size)[..., 1:]  # [S, N, B-1]
         full = (pb.labels.view(*anchors.shape, cfg.block_size)[..., 1:] != IGNORE).all(-1) & valid
@@ -200,37 +255,45 @@ def block_loss(drafter, target, tokens, lengths, starts, cfg: DFlashTrainConfig,
 
 
 def run(cfg: DFlashTrainConfig) -> dict:
-    """Regenerate data (cached), train, write the drafter to ``cfg.out``; returns the loop summary."""
+    """Regenerate data (cached), train, write the drafter to ``cfg.out``; returns the loop summary. Under
+    ``torchrun`` every rank runs this (rank 0 writes)."""
     from ..drafters.dflash import save_drafter
     from ..drafters.target import load_target
     from ..tokenizer import load_tokenizer
-    from .loop import train
+    from .loop import check_resume, train
 
+    world, device = init_world(cfg.device)
+    cfg = replace(cfg, device=device)
+    check_resume(cfg)
+    world.rows(cfg.batch_size, 0, cfg.grad_accum)  # the batch splits evenly, or a clear error now
     torch.manual_seed(cfg.seed)
     target = load_target(cfg.target, cfg.device)
     tok = load_tokenizer(cfg.target)
     mask_id = choose_mask_id(tok, target.config, cfg.mask_token_id)
-    data = build_data(cfg, target, tok)
+    data = build_data(cfg, target, tok, world)
     drafter = build_drafter(cfg, target, mask_id)
+    step_module = wrap(drafter, world)
     pad = stop_ids(tok, target.config)[0]
-    held = batch_at(data, -1, cfg, pad)  # fixed batch for progress reports
+    held = step_batch(data, -1, cfg, pad, mask_id, torch.Generator().manual_seed(cfg.seed))  # progress reports
 
-    def loss_fn(step: int):
-        tokens, lengths, starts, g = batch_at(data, step, cfg, pad)
-        loss, _ = block_loss(drafter, target, tokens, lengths, starts, cfg, g)
-        return loss, int(lengths.sum())
+    def loss_fn(step: int, micro: int = 0):
+        batch = step_batch(data, step, cfg, pad, mask_id)
+        rows = world.rows(cfg.batch_size, micro, cfg.grad_accum)
+        loss, _ = block_loss(step_module, drafter, target, batch, rows, cfg)
+        return loss, int(batch.lengths[rows].sum())
 
     def eval_fn() -> dict:
         with torch.no_grad():
-            g = torch.Generator().manual_seed(cfg.seed)
-            loss, m = block_loss(drafter, target, *held[:3], cfg, g)
+            loss, m = block_loss(drafter, drafter, target, held, slice(None), cfg)
         return {"eval_loss": float(loss), **m}
 
-    summary = train(cfg, drafter, loss_fn, eval_fn, desc="train-dflash")
-    summary.update(eval_fn())
-    save_drafter(drafter, cfg.out)
-    if not cfg.keep_data and summary["steps"] == cfg.steps:  # an early stop keeps it for --resume
-        cfg.data_path.unlink(missing_ok=True)
+    summary = train(cfg, drafter, loss_fn, eval_fn, desc="train-dflash", world=world, step_module=step_module)
+    if world.main:
+        summary.update(eval_fn())
+        save_drafter(drafter, cfg.out)
+        if not cfg.keep_data and summary["steps"] == cfg.steps:  # an early stop keeps it for --resume
+            cfg.data_path.unlink(missing_ok=True)
+    finish(world)
     return summary
 
 
@@ -248,7 +311,9 @@ HELP = {
     "loss decay: w_k = exp(-(k-1)/gamma)", "save_every": "steps between resumable checkpoints",
     "eval_every": "steps between loss/acceptance reports on a fixed batch (0: off)",
     "regen_batch": "prompts per target.generate call", "keep_data": "keep <out>/regenerated.pt after training",
-    "resume": "continue from <out>/train_state.pt",
+    "resume": "continue from <out>/train_state.pt (written at any number of processes)",
+    "grad_accum": "micro-batches per step on each process (--batch-size stays the global batch)",
+    "feature_chunk": "target tokens per feature forward (0 = whole sequences; bounds memory on long ones)",
     "time_limit": "seconds; stop early with everything saved (continue with --resume), 0 = none",
 }
 

@@ -122,7 +122,7 @@ def cmd_train_mdm(a) -> int:
     model, hf = build(cfg, ids)
     tasks, sizes, enc = cfg.task_list(), cfg.batch_sizes, ChatEncoder(tok, ids["eot"])
 
-    def loss_fn(step: int):
+    def loss_fn(step: int, micro: int = 0):
         gen, total, n = step_generator(cfg, step), 0.0, 0
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device)
