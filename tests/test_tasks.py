@@ -142,6 +142,9 @@ def test_tokenizer_digits_specials_and_lengths(tmp_path):
     from dllm_core.train.tokenizer import build_task_tokenizer
 
     build_task_tokenizer(tmp_path)
+    shipped = MODELS / "llada-tasks" / "tokenizer.json"
+    if shipped.is_file():  # the vocabulary every shipped task model was trained with (task wording changes pinned)
+        assert (tmp_path / "tokenizer.json").read_bytes() == shipped.read_bytes()
     tok = load_tokenizer(tmp_path)
     ids = special_ids(tok)
     assert len(set(ids.values())) == 4 and tok.pad_token == "<|endoftext|>" and tok.mask_token == "<|mdm_mask|>"

@@ -2,6 +2,7 @@
 the hidden states drafters train on (only the layers asked for, a chunk of tokens at a time)."""
 from __future__ import annotations
 
+import importlib.util
 from collections import defaultdict
 from pathlib import Path
 
@@ -48,6 +49,63 @@ def regenerate(target, prompts: list[list[int]], max_new_tokens: int, stop_ids: 
             if progress is not None:
                 progress.update(len(rows))
     return out
+
+
+REGEN_ENGINES = ("auto", "vllm", "transformers")
+
+
+def regen_engine(name: str, device: str) -> str:
+    """``--regen-engine``: ``auto`` is vLLM on a GPU when it is installed, else transformers' ``generate``."""
+    from ..options import check_choice
+
+    check_choice(name, REGEN_ENGINES, "--regen-engine")
+    if name != "auto":
+        return name
+    return "vllm" if device.startswith("cuda") and importlib.util.find_spec("vllm") else "transformers"
+
+
+def vllm_engine(target_dir: str | Path, max_model_len: int, dtype: str = "float32", **engine):
+    """A ``vllm.LLM`` on the local target (``engine``: extra ``LLM`` arguments); stop it with
+    ``llm.llm_engine.engine_core.shutdown()``."""
+    from vllm import LLM
+
+    return LLM(model=str(target_dir), dtype=dtype, seed=0, max_model_len=max_model_len, **engine)
+
+
+def regenerate_vllm(target_dir: str | Path, prompts: list[list[int]], max_new_tokens: int, stop_ids: list[int],
+                    free_run: bool = False, llm=None) -> list[list[int]]:
+    """``regenerate`` through vLLM's offline ``LLM.generate`` (continuous batching, paged KV cache): greedy,
+    up to and including the first stop token, or (``free_run``) exactly ``max_new_tokens`` tokens with the
+    stop tokens held back (``min_tokens``). ``llm``: a running engine (``vllm_engine``), else one is started
+    for the call and stopped after it."""
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    stops = sorted(set(stop_ids))
+    if free_run:
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, min_tokens=max_new_tokens,
+                                ignore_eos=True, stop_token_ids=stops)
+    else:
+        params = SamplingParams(temperature=0.0, max_tokens=max_new_tokens, stop_token_ids=stops)
+    own = llm is None
+    llm = llm or vllm_engine(target_dir, max(map(len, prompts)) + max_new_tokens)
+    try:
+        outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+    finally:
+        if own:
+            llm.llm_engine.engine_core.shutdown()
+    return [list(o.outputs[0].token_ids) for o in outs]
+
+
+def regenerate_with(engine: str, target, target_dir, prompts: list[list[int]], max_new_tokens: int,
+                    stop_ids: list[int], batch_size: int, progress=None, free_run: bool = False) -> list[list[int]]:
+    """``regenerate`` (transformers) or ``regenerate_vllm`` by ``engine`` (``regen_engine``'s answer)."""
+    if engine == "vllm":
+        out = regenerate_vllm(target_dir, prompts, max_new_tokens, stop_ids, free_run)
+        if progress is not None:
+            progress.update(len(prompts))
+        return out
+    return regenerate(target, prompts, max_new_tokens, stop_ids, batch_size, progress, free_run)
 
 
 @torch.no_grad()

@@ -39,7 +39,7 @@ class DFlashTrainConfig(TrainBase):
     """Every knob of one drafter training run (optimisation, seed, device, checkpoints: ``TrainBase``)."""
 
     RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("regen_batch", "keep_data", "grad_accum",
-                                                              "feature_chunk")
+                                                              "feature_chunk", "regen_engine")
     target: str
     tasks: str = "arithmetic;sort;retrieval:min_pairs=4"  # prompt source (train split) unless prompts_file
     prompts_file: str | None = None   # JSONL ({"prompt": ...} per line) or plain text, one prompt a line
@@ -60,9 +60,13 @@ class DFlashTrainConfig(TrainBase):
     keep_data: bool = False
     grad_accum: int = 1               # micro-batches per step on each rank (the global batch stays batch_size)
     feature_chunk: int = 0            # target tokens per feature forward (0: whole sequences at once)
+    regen_engine: str = "auto"        # auto | vllm | transformers (drafters/target.py: regen_engine)
 
     def __post_init__(self):
         super().__post_init__()
+        from ..drafters.target import regen_engine
+
+        regen_engine(self.regen_engine, self.device)
         self.check_at_least(1, "num_prompts", "max_new_tokens", "layers", "blocks_per_seq", "batch_size",
                             "regen_batch", "grad_accum")
         self.check_at_least(0, "feature_chunk")
@@ -146,10 +150,23 @@ def cached(path: Path, key: dict, world: World, make) -> dict:
     return data
 
 
+def regenerate_in(cfg, world: World, target, prompts: list[list[int]], max_new_tokens: int, stops: list[int], bar,
+                  free_run: bool = False) -> list[list[int]]:
+    """The target's responses through ``cfg.regen_engine`` (vLLM runs its own workers: one process only)."""
+    from ..drafters.target import regen_engine, regenerate_with
+
+    engine = regen_engine(cfg.regen_engine, cfg.device)
+    if engine == "vllm" and world.size > 1:
+        raise ValueError("--regen-engine vllm: regenerate in one process (the same command without torchrun, "
+                         "--steps 1 --keep-data), then train under torchrun from the cached data; or use "
+                         "--regen-engine transformers for per-rank shards")
+    return regenerate_with(engine, target, cfg.target, prompts, max_new_tokens, stops, cfg.regen_batch, bar,
+                           free_run)
+
+
 def build_data(cfg: DFlashTrainConfig, target, tok, world: World = World()) -> dict:
     """Regenerated (prompt, response) id lists, cached in ``<out>/regenerated.pt`` for resumption; under
     ``torchrun`` each rank regenerates its shard of the prompts."""
-    from ..drafters.target import regenerate
     from ..progress import progress
     from ..tokenizer import encode_prompt
 
@@ -160,8 +177,8 @@ def build_data(cfg: DFlashTrainConfig, target, tok, world: World = World()) -> d
         prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
         mine = prompts[world.shard(len(prompts))]
         with progress(total=len(mine), desc="regenerate", disable=not world.main) as bar:
-            responses = regenerate(target, mine, cfg.max_new_tokens, stop_ids(tok, target.config),
-                                   cfg.regen_batch, bar)
+            responses = regenerate_in(cfg, world, target, mine, cfg.max_new_tokens, stop_ids(tok, target.config),
+                                      bar)
         return {"prompts": prompts, "responses": world.gather(responses)}
     return cached(cfg.data_path, key, world, make)
 
@@ -314,6 +331,8 @@ HELP = {
     "resume": "continue from <out>/train_state.pt (written at any number of processes)",
     "grad_accum": "micro-batches per step on each process (--batch-size stays the global batch)",
     "feature_chunk": "target tokens per feature forward (0 = whole sequences; bounds memory on long ones)",
+    "regen_engine": "auto (vLLM on a GPU when installed, else transformers), vllm (offline LLM.generate) or "
+                    "transformers (batched generate)",
     "time_limit": "seconds; stop early with everything saved (continue with --resume), 0 = none",
 }
 

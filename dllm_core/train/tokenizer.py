@@ -3,6 +3,7 @@ trained locally on task text (no download)."""
 from __future__ import annotations
 
 import random
+import re
 from pathlib import Path
 
 from ..tasks import make_task
@@ -14,6 +15,9 @@ VOCAB_SIZE = 512
 # when a task's default difficulty changes.
 CORPUS_MIX = {"arithmetic": ("arithmetic:hi=40,max_operand=15,max_total=99", 2000), "count": ("count", 5),
               "retrieval": ("retrieval", 5), "sort": ("sort:max_len=10", 50)}
+# Texts as they read when the shipped vocabulary was built (a task's later wording must not change it).
+PINNED_WORDING = {"retrieval": lambda p: re.sub(r"What is the value of this key\?\n(\w+):$", r"What is the value of \1?",
+                                                p)}
 
 
 def task_corpus(seed: int = 0) -> list[str]:
@@ -24,7 +28,7 @@ def task_corpus(seed: int = 0) -> list[str]:
         task = make_task(spec)
         for _ in range(n):
             ex = task.sample(rng, "train")
-            texts += [ex.prompt, ex.response[:400]]
+            texts += [PINNED_WORDING.get(name, str)(ex.prompt), ex.response[:400]]
     return texts
 
 

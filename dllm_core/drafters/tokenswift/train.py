@@ -53,9 +53,13 @@ class TokenSwiftTrainConfig(TrainBase):
     keep_data: bool = False
     grad_accum: int = 1              # micro-batches per step on each rank (the global batch stays ``batch``)
     feature_chunk: int = 0           # target tokens per hidden-state forward (0: whole sequences)
+    regen_engine: str = "auto"       # auto | vllm | transformers (drafters/target.py: regen_engine)
 
     def __post_init__(self):
         super().__post_init__()
+        from ..target import regen_engine
+
+        regen_engine(self.regen_engine, self.device)
         self.check_at_least(1, "num_prompts", "gen_tokens", "num_heads", "batch", "regen_batch", "grad_accum")
         self.check_at_least(0, "feature_chunk")
         if self.gen_tokens <= self.num_heads + 1:
@@ -79,8 +83,7 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok, world: World = World()) 
     """(prompt, continuation) id lists, cached in ``<out>/tokenswift_data.pt``; each rank its shard."""
     from ...progress import progress
     from ...tokenizer import encode_prompt
-    from ...train.dflash import stop_ids
-    from ..target import regenerate
+    from ...train.dflash import regenerate_in, stop_ids
 
     key = {k: getattr(cfg, k) for k in ("target", "tasks", "prompts_file", "num_prompts", "chat", "gen_tokens",
                                         "seed")}
@@ -89,8 +92,8 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok, world: World = World()) 
         prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
         mine = prompts[world.shard(len(prompts))]
         with progress(total=len(mine), desc="free-run", disable=not world.main) as bar:
-            gens = regenerate(target, mine, cfg.gen_tokens, stop_ids(tok, target.config), cfg.regen_batch, bar,
-                              free_run=True)
+            gens = regenerate_in(cfg, world, target, mine, cfg.gen_tokens, stop_ids(tok, target.config), bar,
+                                 free_run=True)
         return {"prompts": prompts, "generations": world.gather(gens)}
     return cached(cfg.data_path, key, world, make)
 
