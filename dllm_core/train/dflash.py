@@ -110,6 +110,13 @@ def read_prompts(cfg: DFlashTrainConfig) -> list[str]:
     return [ex.prompt for t in tasks for ex in t.examples("train", per, seed=cfg.seed)][: cfg.num_prompts]
 
 
+def target_config(target_dir):
+    """The target's transformers config (no weights loaded)."""
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(str(target_dir), local_files_only=True)
+
+
 def stop_ids(tok, target_cfg) -> list[int]:
     """EOS of the target config plus the tokenizer's end-of-turn tokens."""
     from ..tokenizer import special_id
@@ -152,7 +159,8 @@ def cached(path: Path, key: dict, world: World, make) -> dict:
 
 def regenerate_in(cfg, world: World, target, prompts: list[list[int]], max_new_tokens: int, stops: list[int], bar,
                   free_run: bool = False) -> list[list[int]]:
-    """The target's responses through ``cfg.regen_engine`` (vLLM runs its own workers: one process only)."""
+    """The target's responses through ``cfg.regen_engine`` (vLLM runs its own workers: one process only;
+    ``target`` may then be None: the trainer loads it after vLLM has given the device back)."""
     from ..drafters.target import regen_engine, regenerate_with
 
     engine = regen_engine(cfg.regen_engine, cfg.device)
@@ -162,6 +170,13 @@ def regenerate_in(cfg, world: World, target, prompts: list[list[int]], max_new_t
                          "--regen-engine transformers for per-rank shards")
     return regenerate_with(engine, target, cfg.target, prompts, max_new_tokens, stops, cfg.regen_batch, bar,
                            free_run)
+
+
+def uses_vllm(cfg) -> bool:
+    """Whether the data still has to be regenerated, through vLLM."""
+    from ..drafters.target import regen_engine
+
+    return regen_engine(cfg.regen_engine, cfg.device) == "vllm" and not cfg.data_path.is_file()
 
 
 def build_data(cfg: DFlashTrainConfig, target, tok, world: World = World()) -> dict:
@@ -177,8 +192,8 @@ def build_data(cfg: DFlashTrainConfig, target, tok, world: World = World()) -> d
         prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
         mine = prompts[world.shard(len(prompts))]
         with progress(total=len(mine), desc="regenerate", disable=not world.main) as bar:
-            responses = regenerate_in(cfg, world, target, mine, cfg.max_new_tokens, stop_ids(tok, target.config),
-                                      bar)
+            responses = regenerate_in(cfg, world, target, mine, cfg.max_new_tokens,
+                                      stop_ids(tok, target_config(cfg.target)), bar)
         return {"prompts": prompts, "responses": world.gather(responses)}
     return cached(cfg.data_path, key, world, make)
 
@@ -284,10 +299,11 @@ def run(cfg: DFlashTrainConfig) -> dict:
     check_resume(cfg)
     world.rows(cfg.batch_size, 0, cfg.grad_accum)  # the batch splits evenly, or a clear error now
     torch.manual_seed(cfg.seed)
-    target = load_target(cfg.target, cfg.device)
     tok = load_tokenizer(cfg.target)
-    mask_id = choose_mask_id(tok, target.config, cfg.mask_token_id)
+    target = None if uses_vllm(cfg) else load_target(cfg.target, cfg.device)
     data = build_data(cfg, target, tok, world)
+    target = target or load_target(cfg.target, cfg.device)  # after vLLM gave the device back
+    mask_id = choose_mask_id(tok, target.config, cfg.mask_token_id)
     drafter = build_drafter(cfg, target, mask_id)
     step_module = wrap(drafter, world)
     pad = stop_ids(tok, target.config)[0]

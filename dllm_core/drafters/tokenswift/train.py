@@ -83,7 +83,7 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok, world: World = World()) 
     """(prompt, continuation) id lists, cached in ``<out>/tokenswift_data.pt``; each rank its shard."""
     from ...progress import progress
     from ...tokenizer import encode_prompt
-    from ...train.dflash import regenerate_in, stop_ids
+    from ...train.dflash import regenerate_in, stop_ids, target_config
 
     key = {k: getattr(cfg, k) for k in ("target", "tasks", "prompts_file", "num_prompts", "chat", "gen_tokens",
                                         "seed")}
@@ -92,8 +92,8 @@ def build_data(cfg: TokenSwiftTrainConfig, target, tok, world: World = World()) 
         prompts = [encode_prompt(tok, p, cfg.chat) for p in read_prompts(cfg)]
         mine = prompts[world.shard(len(prompts))]
         with progress(total=len(mine), desc="free-run", disable=not world.main) as bar:
-            gens = regenerate_in(cfg, world, target, mine, cfg.gen_tokens, stop_ids(tok, target.config), bar,
-                                 free_run=True)
+            gens = regenerate_in(cfg, world, target, mine, cfg.gen_tokens, stop_ids(tok, target_config(cfg.target)),
+                                 bar, free_run=True)
         return {"prompts": prompts, "generations": world.gather(gens)}
     return cached(cfg.data_path, key, world, make)
 
@@ -161,9 +161,12 @@ def run(cfg: TokenSwiftTrainConfig) -> dict:
     check_resume(cfg)
     world.rows(cfg.batch, 0, cfg.grad_accum)  # the batch splits evenly, or a clear error now
     torch.manual_seed(cfg.seed)
-    target = load_target(cfg.target, cfg.device)
+    from ...train.dflash import uses_vllm
+
     tok = load_tokenizer(cfg.target)
+    target = None if uses_vllm(cfg) else load_target(cfg.target, cfg.device)
     data = build_data(cfg, target, tok, world)
+    target = target or load_target(cfg.target, cfg.device)  # after vLLM gave the device back
     hidden, tokens, start, end = hidden_states(target, data, world, cfg.feature_chunk)
     lm_head = target.get_output_embeddings()
     heads = TokenSwiftHeads(HeadsConfig.for_target(target.config, cfg.num_heads)).to(cfg.device)
