@@ -98,8 +98,9 @@ def test_sort_and_retrieval_and_count_answers():
 def test_progression_worked_solution_is_correct():
     for ex in Progression(min_days=1, days=40).examples("train", 300, seed=1):
         start, step, days = (int(n) for n in re.findall(r"\d+", ex.prompt))
-        *lines, last = ex.response.split("\n")
+        head, *lines, last = ex.response.split("\n")
         assert 1 <= days <= 40 and len(lines) == days and last == f"#### {start + days * step}"
+        assert head == f"Day 0: {start} +{step}"  # the givens, restated next to the work
         for i, line in enumerate(lines, 1):  # each day adds the same step to the day before
             assert line == f"Day {i}: {start + i * step}"
         assert ex.answer == str(start + days * step) < "999" and Progression().score(ex.response, ex)

@@ -1,7 +1,9 @@
 """A GSM8K-like word problem with a long worked solution: a total that grows by the same amount every
-day, written out day by day (``Day 7: 412``), then ``#### total``. The work is hundreds of tokens at the
-long settings (``days=20``: 237 tokens, canvas 256; ``days=40``: 477, canvas 512), each line
-follows from the one before, and the final answer is right only when every line is."""
+day, written out day by day after restating the givens (``Day 0: 384 +4``, ``Day 1: 388``, ...), then
+``#### total``. The work is hundreds of tokens at the
+long settings (``days=20``: 251 tokens, canvas 256; ``days=40``: 491, canvas 512), each line
+follows from the one before, and the final answer is right only when every line is. The ``Day 0`` line
+copies the givens next to the work, so every day is the same local step (copy, then add)."""
 from __future__ import annotations
 
 import random
@@ -11,8 +13,9 @@ from typing import ClassVar
 from .arithmetic import ADD, ITEMS, NAMES
 from .base import Example, Task, final_answer
 
-LINE_TOKENS = 12  # upper bound of "Day dd: ddd\n" in the task tokenizer (every digit its own token)
-TAIL_TOKENS = 8   # "#### ddd" + EOT
+# tokens in the task tokenizer (every digit its own token): "Day 0: ddd +d\n", "Day d: ddd\n",
+# "Day dd: ddd\n", "#### ddd" + EOT
+HEAD_TOKENS, SHORT_LINE, LONG_LINE, TAIL_TOKENS = 14, 11, 12, 6
 
 
 @dataclass(frozen=True)
@@ -39,7 +42,7 @@ class Progression(Task):
     @property
     def gen_length(self) -> int:
         """The longest worked solution + EOT in whole blocks (256 at ``days=20``, 512 at ``days=40``)."""
-        need = LINE_TOKENS * self.days + TAIL_TOKENS
+        need = HEAD_TOKENS + SHORT_LINE * min(self.days, 9) + LONG_LINE * max(self.days - 9, 0) + TAIL_TOKENS
         return -(-need // self.block_length) * self.block_length
 
     def test_variant(self) -> "Progression":
@@ -52,7 +55,7 @@ class Progression(Task):
         verb = rng.choice(ADD).format(n=step)
         prompt = (f"{name} has {start} {item}. Every day, {name} {verb}. How many {item} does {name} have "
                   f"after {k} days? Write the total after each day.")
-        lines = [f"Day {i}: {start + i * step}" for i in range(1, k + 1)]
+        lines = [f"Day 0: {start} +{step}"] + [f"Day {i}: {start + i * step}" for i in range(1, k + 1)]
         total = start + k * step
         return Example(self.name, prompt, "\n".join(lines) + f"\n#### {total}", str(total), f"{start}+{step}x{k}")
 

@@ -1,0 +1,22 @@
+"""``dllm demo`` (the main job, ``make demo``): generations marked against the answers, then the policy table."""
+import pytest
+
+from dllm_core.bench import DEFAULT_MODEL, LONG_MODEL
+
+pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").is_file(), reason="models/llada-tasks not shipped")
+
+
+def test_demo_shows_marked_generations_and_the_table(capsys):
+    from dllm_core.cli import main
+
+    assert main(["demo", "--n", "2", "--tasks", "arithmetic;sort", "--samplers", "threshold:tau=0.9",
+                 "--caches", "none;dual", "--no-long"]) == 0
+    out = capsys.readouterr().out
+    lines = [ln for ln in out.splitlines() if ln.startswith("> [")]
+    assert len(lines) == 4 and lines[0].startswith("> [arithmetic, 24-token canvas]")
+    marks = [ln for ln in out.splitlines() if ln.endswith(("[ok]", "[WRONG]"))]
+    assert len(marks) == 4 and sum(m.endswith("[ok]") for m in marks) >= 3  # the shipped model solves them
+    table = [ln for ln in out.splitlines() if ln.startswith("| `")]
+    assert [r.split(" | ")[:2] for r in table] == [["| `low_confidence`", "`none`"], ["| `threshold:tau=0.9`", "`none`"],
+                                                  ["| `threshold:tau=0.9`", "`dual`"]]
+    assert "long answers" not in out and LONG_MODEL.name == "llada-long"
