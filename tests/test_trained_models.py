@@ -19,7 +19,7 @@ def need(d):
 
 def test_shipped_size_budget():
     files = [f for f in ROOT.rglob("*") if f.is_file()]
-    assert sum(f.stat().st_size for f in files) < 25 * 2**20
+    assert sum(f.stat().st_size for f in files) < 40 * 2**20  # the long-answers issue's bound for all models
     assert not [f for f in files if f.name == "train_state.pt"]  # no optimizer state shipped
 
 
