@@ -18,6 +18,7 @@ the chosen layers only, ``--feature-chunk`` tokens at a time (bounded memory on 
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 from dataclasses import dataclass, fields, replace
@@ -309,8 +310,12 @@ def run(cfg: DFlashTrainConfig) -> dict:
     pad = stop_ids(tok, target.config)[0]
     held = step_batch(data, -1, cfg, pad, mask_id, torch.Generator().manual_seed(cfg.seed))  # progress reports
 
+    @functools.lru_cache(maxsize=1)  # one draw and packing per step, shared by its micro-batches
+    def batch_of(step: int) -> StepBatch:
+        return step_batch(data, step, cfg, pad, mask_id)
+
     def loss_fn(step: int, micro: int = 0):
-        batch = step_batch(data, step, cfg, pad, mask_id)
+        batch = batch_of(step)
         rows = world.rows(cfg.batch_size, micro, cfg.grad_accum)
         loss, _ = block_loss(step_module, drafter, target, batch, rows, cfg)
         return loss, int(batch.lengths[rows].sum())
