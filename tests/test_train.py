@@ -100,6 +100,49 @@ def test_prompt_noise_rows(llada, frac):
     assert torch.isfinite(loss) and loss > 0
 
 
+def test_block_noise_rows(llada):
+    """--block-noise 1: each row keeps a clean prefix of whole blocks, masks part of one block (the only
+    scored one) and every later block whole; the block is one the answer reaches (up to the block holding
+    its first padding token); the loss is the 1/t-weighted CE of that block over its length."""
+    import torch.nn.functional as F
+
+    from dllm_core.train.mdm import mdm_loss, noise_levels
+
+    model, (B, P, G, blk, pad, mask) = llada, (64, 3, 16, 4, 1, llada.args.mask_token_id)
+    x = torch.randint(6, 100, (B, P + G))
+    ends = torch.arange(B) % (G + 1)  # answer lengths 0..G
+    x[:, P:] = torch.where(torch.arange(G)[None] < ends[:, None], x[:, P:], pad)
+    keep = torch.ones(B, P + G, dtype=torch.bool)
+    pos = torch.arange(P + G).expand(B, -1)
+    seen, hook = _spy_inputs(model.embed)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(1), True, 0.0, 1.0,
+                    blk, pad)
+    hook.remove()
+    noisy = seen[0][:, P:] == mask  # [B, G]
+    assert not (seen[0][:, :P] == mask).any()
+    gen = torch.Generator().manual_seed(1)  # mdm_loss's draws, in order
+    t = noise_levels(B, gen, "cpu")
+    torch.rand(B, 1, generator=gen)
+    torch.rand(B, P + G, generator=gen)
+    torch.rand(B, 1, generator=gen)
+    k = (torch.rand(B, generator=gen) * torch.clamp(ends // blk + 1, max=G // blk)).long()
+    want, drawn = 0.0, set()
+    logits = model(seen[0], pos, keep[:, None, None])
+    for r in range(B):
+        a, b = int(k[r]) * blk, int(k[r]) * blk + blk
+        assert a <= ends[r] and not noisy[r, :a].any() and noisy[r, b:].all(), (r, a, noisy[r])
+        drawn.add(int(k[r]))
+        ce = F.cross_entropy(logits[r, P + a:P + b], x[r, P + a:P + b], reduction="none")
+        want = want + (ce * noisy[r, a:b]).sum() / t[r, 0] / blk
+    assert drawn == set(range(G // blk))
+    torch.testing.assert_close(loss, want / B)
+
+
+def test_block_noise_is_validated(tmp_path, capsys):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--block-noise", "-0.1"]) == 2
+    assert "--block-noise must be in [0, 1], got -0.1" in capsys.readouterr().err
+
+
 def test_prompt_noise_is_validated(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--prompt-noise", "1.5"]) == 2
     assert "--prompt-noise must be in [0, 1], got 1.5" in capsys.readouterr().err

@@ -76,6 +76,7 @@ class TrainConfig(TrainBase):
     init: str | None = None  # start from this checkpoint's weights (same sizes) instead of a random init
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
     prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
+    block_noise: float = 0.0  # MDM: fraction of rows noised block-wise as the semi-AR decoder sees them
 
     def __post_init__(self):
         tasks = parse_tasks(self.tasks)
@@ -94,6 +95,8 @@ class TrainConfig(TrainBase):
             raise ValueError(f"--t-sampling must be one of {list(T_SAMPLING)}, got {self.t_sampling!r}")
         if not 0 <= self.prompt_noise <= 1:
             raise ValueError(f"--prompt-noise must be in [0, 1], got {self.prompt_noise}")
+        if not 0 <= self.block_noise <= 1:
+            raise ValueError(f"--block-noise must be in [0, 1], got {self.block_noise}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--save-dtype must be one of ['bfloat16', 'float32'], got {self.save_dtype!r}")
 

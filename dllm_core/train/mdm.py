@@ -6,6 +6,12 @@ cross entropy on masked tokens weighted by 1/t, averaged over response tokens (L
 default the t of a batch's rows are drawn low-discrepancy (``--t-sampling stratified``: one uniform
 offset + evenly spaced, each still U(eps, 1)); ``iid`` draws them independently.
 
+``--block-noise F`` noises a fraction F of the rows as the semi-autoregressive decoder meets them
+(Blockwise SFT, Sun et al. 2025): one block of the task's ``block_length`` is drawn among those the
+answer reaches, the blocks before it stay clean, it is masked with probability t and scored, and every
+block after it is masked whole (unscored), so that the model trains on the states the vanilla loop
+decodes: a clean prefix, a partly decoded block, a masked future.
+
 ``--arch dream`` trains a ``DreamModel`` (Qwen2 key names, QKV biases) on the same data with Dream's
 shifted logits: the token at position i is predicted by the logit row i - 1 (the first response token by
 the last prompt row), as the engine decodes it (``model.shift_logits``). ``--init`` may then name a LLaDA
@@ -41,13 +47,29 @@ def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) 
     return ((1 - EPS) * u + EPS)[:, None]
 
 
+def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int, pad_id: int,
+               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Blockwise-SFT rows (``--block-noise``): -> rows [B, 1], active block [B, T], masked future [B, T].
+    A row's block is uniform over those that start at or before its first padding token (the block
+    where the answer ends, or the one after, holds the EOT/EOS the model must learn to write)."""
+    rows = torch.rand(B, 1, generator=gen, device=x.device) < frac  # [B, 1]
+    n = (x[:, P:] != pad_id).sum(1)  # [B] answer + EOT (no padding inside the answer)
+    reach = torch.clamp(n // block + 1, max=(T - P) // block)  # [B] blocks a row may draw
+    k = (torch.rand(B, generator=gen, device=x.device) * reach).long()  # [B]
+    rel = torch.arange(T, device=x.device)[None] - P - (k * block)[:, None]  # [B, T]
+    return rows, (rel >= 0) & (rel < block), rel >= block
+
+
 def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
-             gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0) -> torch.Tensor:
+             gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0, block_noise: float = 0.0,
+             block: int = 32, pad_id: int = 1) -> torch.Tensor:
     """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
 
     SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
     whole, prompt included (LLaDA's pre-training loss). Each row's loss is normalised by the number of
-    tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows.
+    tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows. A
+    ``block_noise`` fraction of the other rows is noised block-wise (``block_rows``; ``pad_id`` ends an
+    answer), scored on its active block and normalised by the block's length.
 
     A model with ``shift_logits`` (Dream) predicts position i from the logit row i - 1, as the engine
     decodes: the first response token from the last prompt row; a token whose previous position is
@@ -61,13 +83,20 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     if s:
         noisable = noisable & F.pad(keep[:, 0, 0, :-1], (1, 0), value=False)  # the row before is a real token
     masked = (torch.rand(B, T, generator=gen, device=x.device) < t) & noisable  # [B, T]
+    scored = masked
+    if block_noise > 0:
+        rows, active, future = block_rows(B, T, P, x, block_noise, block, pad_id, gen)
+        rows = rows & ~whole
+        noisable = torch.where(rows, noisable & active, noisable)
+        scored = torch.where(rows, masked & active, masked)
+        masked = torch.where(rows, scored | (future & keep[:, 0, 0]), masked)
     first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
     h, rope = model.embed(x.masked_fill(masked, mask_id)), model.rope(pos)
     for layer in model.layers:
         h = layer(h, rope, keep)
     logits = model.logits(h[:, first - s:T - s])  # [B, T - first, V]: row j predicts position first + j
     ce = F.cross_entropy(logits.flatten(0, 1), x[:, first:].flatten(), reduction="none").view(B, -1)
-    per_row = (ce * masked[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
+    per_row = (ce * scored[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
     return per_row.mean()
 
 
@@ -127,7 +156,7 @@ def cmd_train_mdm(a) -> int:
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
-                            cfg.prompt_noise)
+                            cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"])
             total = total + loss
             n += x.numel()
         return total / len(tasks), n
