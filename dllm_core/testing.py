@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from .models import DreamModel, LLaDAModelLM, save_model
+from .models import DreamModel, LLaDA2MoeModelLM, LLaDAModelLM, save_model
 
 LLADA_SPECIALS = ["<|startoftext|>", "<|endoftext|>", "<|start_header_id|>", "<|end_header_id|>",
                   "<|eot_id|>", "<|mdm_mask|>"]
@@ -77,20 +77,45 @@ def dream_config(ids: dict, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, ffn=128
             "torch_dtype": "float32"}
 
 
+def llada2_config(ids: dict, dim=64, n_layers=2, n_heads=4, n_kv_heads=2, head_dim=16, ffn=128, experts=8,
+                  top_k=2, n_group=2, topk_group=1, moe_ffn=32, shared=1, first_dense=1, block_size=8,
+                  max_len=1024) -> dict:
+    """A LLaDA2 (``llada2_moe``) config.json with the published field names (LLaDA2.0-mini's choices:
+    partial rotary 0.5, sigmoid routing with expert bias, grouped top-k, one shared expert, first layer dense),
+    tiny sizes; ``block_size`` and ``mask_token_id`` name this checkpoint's block and [MASK]."""
+    v = -(-ids["vocab_size"] // 64) * 64
+    eos = ids["<|endoftext|>"]
+    return {"architectures": ["LLaDA2MoeModelLM"], "model_type": "llada2_moe", "hidden_size": dim,
+            "num_hidden_layers": n_layers, "num_attention_heads": n_heads, "num_key_value_heads": n_kv_heads,
+            "head_dim": head_dim, "intermediate_size": ffn, "moe_intermediate_size": moe_ffn, "num_experts": experts,
+            "num_experts_per_tok": top_k, "n_group": n_group, "topk_group": topk_group, "num_shared_experts": shared,
+            "first_k_dense_replace": first_dense, "routed_scaling_factor": 2.5, "score_function": "sigmoid",
+            "moe_router_enable_expert_bias": True, "norm_topk_prob": True, "norm_head": False,
+            "partial_rotary_factor": 0.5, "rope_theta": 600000, "rms_norm_eps": 1e-6, "use_qk_norm": True,
+            "use_qkv_bias": False, "use_bias": False, "hidden_act": "silu", "tie_word_embeddings": False,
+            "vocab_size": v, "max_position_embeddings": max_len, "block_size": block_size,
+            "mask_token_id": ids["<|mdm_mask|>"], "eos_token_id": eos, "pad_token_id": eos,
+            "bos_token_id": ids["<|startoftext|>"], "torch_dtype": "float32"}
+
+
 def build_tiny_checkpoint(out_dir: str | Path, arch: str = "llada", seed: int = 0, shard_size: int | None = None,
                           logit_scale: float = 8.0, **sizes) -> Path:
-    """Random tiny LLaDA ("llada") or Dream ("dream") checkpoint + tokenizer in ``out_dir``.
-
-    ``logit_scale`` multiplies the LM head so confidences spread over (0, 1) like a trained model's."""
-    if arch not in ("llada", "dream"):
-        raise ValueError(f"arch must be one of ['dream', 'llada'], got {arch!r}")
+    """Random tiny LLaDA ("llada"), Dream ("dream") or LLaDA2 ("llada2", MoE) checkpoint + tokenizer in
+    ``out_dir``. ``logit_scale`` multiplies the LM head so confidences spread over (0, 1) like a trained model's."""
+    kinds = {"llada": (llada_config, LLaDAModelLM), "dream": (dream_config, DreamModel),
+             "llada2": (llada2_config, LLaDA2MoeModelLM)}
+    if arch not in kinds:
+        raise ValueError(f"arch must be one of {sorted(kinds)}, got {arch!r}")
     d = Path(out_dir)
-    ids = build_tokenizer(d, arch)
-    cfg = (llada_config if arch == "llada" else dream_config)(ids, **sizes)
-    cls = LLaDAModelLM if arch == "llada" else DreamModel
+    ids = build_tokenizer(d, "dream" if arch == "dream" else "llada")
+    make, cls = kinds[arch]
+    cfg = make(ids, **sizes)
     torch.manual_seed(seed)
     model = cls(cls.parse_config(cfg))
     with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("mlp.gate", "w_gate", "w_up", "w_down")):  # LLaDA2's stacked experts
+                p.normal_(std=p.shape[-1] ** -0.5)
         model.embed.weight.normal_()
         model.embed.weight[cfg["mask_token_id"]].mul_(0.1)  # a near-neutral [MASK] lets context show through
         w = model.lm_head.weight

@@ -171,9 +171,9 @@ def test_slowfast_positional_caching_through_the_cache_policy(dream):
     widths = []
 
     class SpyState(PrefixState):
-        def _window(self, ids, pos, at, keep):
+        def _window(self, ids, pos, at, keep, mask):
             widths.append(ids.shape[1])
-            return super()._window(ids, pos, at, keep)
+            return super()._window(ids, pos, at, keep, mask)
 
     class Spy(DualCache):
         state_cls = SpyState

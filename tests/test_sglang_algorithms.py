@@ -48,6 +48,7 @@ class ScriptedLM:
     bidirectional pass over the whole left-padded canvas per step)."""
 
     shift_logits = False
+    block_causal = 0
     embed = _Embed()
     args = SimpleNamespace(mask_token_id=MASK, max_seq_len=4096, pad_token_id=None, eos_token_id=None, n_layers=1)
 

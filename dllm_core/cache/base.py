@@ -27,7 +27,7 @@ class Canvas:
     """Per-request-batch constants: positions, key mask and the prompt/response split."""
 
     pos: torch.Tensor           # [B, T] RoPE positions (left padding aware)
-    mask: torch.Tensor | None   # [B, 1, 1, T] bool key mask (None: no padding)
+    mask: torch.Tensor | None   # [B, 1, 1, T] bool key mask (None: no padding); [B, 1, T, T] block-causal
     prompt_len: int             # response (generation region) starts here
     block_len: int
     block: int = 0              # index of the block being decoded (set by the engine)
@@ -35,6 +35,15 @@ class Canvas:
     @property
     def seq_len(self) -> int:
         return self.pos.shape[1]
+
+    @property
+    def block_causal(self) -> bool:
+        """The mask differs per query (a block-causal model): a window's queries need their own rows."""
+        return self.mask is not None and self.mask.shape[2] > 1
+
+    def attn(self, a: int, b: int) -> torch.Tensor | None:
+        """The attention mask of queries at positions [a, b): [B, 1, 1|b - a, T]."""
+        return self.mask[:, :, a:b] if self.block_causal else self.mask
 
 
 @dataclass

@@ -14,6 +14,8 @@ from ..sampling import TokenContext
 from .config import GenerationConfig
 from .step import mask_in_prompt, plan_step, take_step
 
+BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual")  # exact on a block-causal model (its prefix K/V are final)
+
 
 @dataclass
 class GenerationResult:
@@ -43,6 +45,38 @@ def build_canvas(prompts: list[list[int]], cfg: GenerationConfig, mask_id: int, 
     return x, keep[:, None, None, :], pos, P
 
 
+def build_block_canvas(prompts: list[list[int]], cfg: GenerationConfig, mask_id: int, pad_id: int, device):
+    """The canvas of a block-causal model (LLaDA2): blocks lie on each row's absolute position grid (the
+    prompt's last partial block is decoded with it, as LLaDA2 was trained), so rows are left-padded by
+    whole blocks until their first decoded blocks share columns. Every row decodes the blocks that hold
+    its ``gen_length`` positions (the last one whole, its tail cut from the result); a row needing one
+    block fewer than the batch has padding there (nothing to decode).
+    -> x [B, T], keep [B, T], positions [B, T], first decoded column, blocks, response start per row [B]."""
+    bl, G = cfg.block_length, cfg.gen_length
+    first = [len(p) // bl for p in prompts]  # each row's first decoded block
+    F, n_blocks = max(first), max(-(-(len(p) + G) // bl) - f for p, f in zip(prompts, first))
+    T = (F + n_blocks) * bl
+    x = torch.full((len(prompts), T), pad_id, dtype=torch.long, device=device)
+    keep = torch.zeros_like(x, dtype=torch.bool)
+    starts = []
+    for i, (p, f) in enumerate(zip(prompts, first)):
+        off = (F - f) * bl
+        end = off + -(-(len(p) + G) // bl) * bl
+        x[i, off:off + len(p)] = torch.tensor(p, dtype=torch.long, device=device)
+        x[i, off + len(p):end] = mask_id
+        keep[i, off:end] = True
+        starts.append(off + len(p))
+    pos = (keep.cumsum(-1) - 1).clamp_min(0)
+    return x, keep, pos, F * bl, n_blocks, torch.tensor(starts, device=device)
+
+
+def block_causal_mask(keep: torch.Tensor, pos: torch.Tensor, block: int) -> torch.Tensor:
+    """keep/pos [B, T] -> [B, 1, T, T] bool: a query sees the kept keys of its own block and of earlier
+    blocks of its row's position grid (LLaDA2's training mask)."""
+    blk = pos // block
+    return (keep[:, None, :] & (blk[:, None, :] <= blk[:, :, None]))[:, None]
+
+
 def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
     mask_id = cfg.mask_id if cfg.mask_id is not None else model.args.mask_token_id
     if mask_id is None:
@@ -53,10 +87,25 @@ def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
         if err := mask_in_prompt(p, mask_id):
             raise ValueError(f"--prompt: {err}")
     longest = max(len(p) for p in prompts)
-    if longest + cfg.gen_length > model.args.max_seq_len:
+    need = longest + cfg.gen_length
+    if model.block_causal:  # the last block is decoded whole
+        check_block_causal(model, cfg)
+        need = -(-need // cfg.block_length) * cfg.block_length
+    if need > model.args.max_seq_len:
         raise ValueError(f"--prompt: {longest} prompt tokens + --gen-length {cfg.gen_length} exceed the model's "
                          f"max_sequence_length {model.args.max_seq_len}")
     return mask_id
+
+
+def check_block_causal(model: DiffusionLM, cfg: GenerationConfig) -> None:
+    """A block-causal model decodes blocks of its training block size, with a policy that keeps its mask."""
+    if cfg.block_length != model.block_causal:
+        raise ValueError(f"--block-length {cfg.block_length} does not match the checkpoint's block_size "
+                         f"{model.block_causal} ({type(model).__name__} attends block-causally over blocks of "
+                         f"{model.block_causal})")
+    if cfg.cache.name not in BLOCK_CAUSAL_CACHES:
+        raise ValueError(f"--cache {cfg.cache.name} is not available for the block-causal "
+                         f"{type(model).__name__}; allowed: {list(BLOCK_CAUSAL_CACHES)}")
 
 
 def _rows(fresh, active, cfg_rows):
@@ -73,7 +122,12 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     mask_id = _check(model, prompts, cfg)
     dev = model.embed.weight.device
     pad = model.args.pad_token_id if model.args.pad_token_id is not None else mask_id
-    x, keep, pos, P = build_canvas(prompts, cfg, mask_id, pad, dev)
+    if model.block_causal:
+        x, keep2, pos, P, n_blocks, starts = build_block_canvas(prompts, cfg, mask_id, pad, dev)
+        keep = block_causal_mask(keep2, pos, cfg.block_length)
+    else:
+        x, keep, pos, P = build_canvas(prompts, cfg, mask_id, pad, dev)
+        n_blocks, starts = cfg.num_blocks, torch.full((len(prompts),), P, device=dev)
     B, T = x.shape
     gen = torch.Generator(dev).manual_seed(cfg.seed)
     tc = TokenContext(mask_id, cfg.temperature, cfg.top_p, cfg.top_k, model.args.eos_token_id, cfg.eot_id,
@@ -86,12 +140,12 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     cache = policy.begin(model, canvas)
     st = sampler.new_state(B, cfg.block_length, cfg.steps_per_block, dev)
     nfe = torch.zeros(B, dtype=torch.long, device=dev)
-    prompt_pos = torch.zeros_like(x, dtype=torch.bool)
-    prompt_pos[:, :P] = keep[:, 0, 0, :P]
+    col = torch.arange(T, device=dev)
+    prompt_pos = (col < starts[:, None]) & (col >= starts[:, None] - torch.tensor([len(p) for p in prompts], device=dev)[:, None])
     shift = int(model.shift_logits)
     t0 = time.perf_counter()
     try:
-        for b in range(cfg.num_blocks):
+        for b in range(n_blocks):
             s, e = P + b * cfg.block_length, P + (b + 1) * cfg.block_length
             canvas.block = b
             sampler.begin_block(st, x[:, s:e] == mask_id)
@@ -112,7 +166,8 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     if dev.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    return GenerationResult(x[:, P:].clone(), nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts])
+    tokens = x.gather(1, starts[:, None] + torch.arange(cfg.gen_length, device=dev))  # [B, G]
+    return GenerationResult(tokens, nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts])
 
 
 def generate_in_canvases(model: DiffusionLM, prompts: list[list[int]], cfg: GenerationConfig,

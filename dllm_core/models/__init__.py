@@ -1,7 +1,8 @@
-"""Native LLaDA / Dream models and their checkpoint loader."""
+"""Native LLaDA / Dream / LLaDA2 models and their checkpoint loader."""
 from .config import ModelArgs
-from .loader import load_model, read_config, save_model
-from .transformer import ARCHITECTURES, DiffusionLM, DreamModel, LLaDAModelLM, shift_right
+from .llada2 import LLaDA2Args, LLaDA2MoeModelLM
+from .loader import ARCHITECTURES, load_model, read_config, save_model
+from .transformer import DiffusionLM, DreamModel, LLaDAModelLM, shift_right
 
-__all__ = ["ARCHITECTURES", "DiffusionLM", "DreamModel", "LLaDAModelLM", "ModelArgs",
+__all__ = ["ARCHITECTURES", "DiffusionLM", "DreamModel", "LLaDA2Args", "LLaDA2MoeModelLM", "LLaDAModelLM", "ModelArgs",
            "load_model", "read_config", "save_model", "shift_right"]

@@ -1,4 +1,4 @@
-"""Load / save LLaDA and Dream checkpoints in their HF directory layout (no remote code)."""
+"""Load / save LLaDA, Dream and LLaDA2 checkpoints in their HF directory layout (no remote code)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,11 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from .transformer import ARCHITECTURES, DiffusionLM
+from . import transformer
+from .llada2 import LLaDA2MoeModelLM
+from .transformer import DiffusionLM
+
+ARCHITECTURES: dict[str, type[DiffusionLM]] = {**transformer.ARCHITECTURES, "LLaDA2MoeModelLM": LLaDA2MoeModelLM}
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"
@@ -65,7 +69,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     cls = model_class(cfg, str(d / "config.json"))
     args = cls.parse_config(cfg, str(d / "config.json"))
     names = cls.from_hf_map(args)
-    sd = load_state(d, device)
+    sd = cls.fold_hf(load_state(d, device), args)
     missing, unexpected = sorted(set(names) - set(sd)), sorted(set(sd) - set(names))
     if missing or unexpected:
         raise ValueError(f"--model: {d} does not match {cls.__name__}: missing keys {missing[:5]}"
@@ -76,7 +80,7 @@ def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
     if args.tied_embeddings:
         state["lm_head.weight"] = state["embed.weight"]
     model.load_state_dict(state, strict=False, assign=True)
-    model.rotary = type(model.rotary)(args.head_dim, args.rope_theta).to(device)
+    model.rotary = cls.rotary_for(args).to(device)
     return model.eval().requires_grad_(False)
 
 
@@ -88,6 +92,7 @@ def save_model(model: DiffusionLM, model_dir: str | Path, config: dict, shard_si
     (d / "config.json").write_text(json.dumps(config, indent=2))
     sd = {model.to_hf(n): p.detach().contiguous().cpu() for n, p in model.named_parameters()
           if not (model.args.tied_embeddings and n == "lm_head.weight")}
+    sd = type(model).unfold_hf(sd, model.args)
     if shard_size is None:
         save_file(sd, d / SINGLE, metadata={"format": "pt"})
         return

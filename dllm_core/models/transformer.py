@@ -28,11 +28,31 @@ class DiffusionLM(nn.Module):
         self.layers = nn.ModuleList(Block(args) for _ in range(args.n_layers))
         self.norm = RMSNorm(args.dim, args.norm_eps)
         self.lm_head = nn.Linear(args.dim, args.vocab_size, bias=False)
-        self.rotary = RotaryEmbedding(args.head_dim, args.rope_theta)
+        self.rotary = self.rotary_for(args)
 
     @property
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
+
+    @property
+    def block_causal(self) -> int:
+        """0: bidirectional attention over the whole sequence; n: block-causal over blocks of n positions
+        on the absolute position grid (LLaDA2)."""
+        return 0
+
+    @classmethod
+    def rotary_for(cls, args: ModelArgs) -> RotaryEmbedding:
+        return RotaryEmbedding(getattr(args, "rotary_dim", args.head_dim), args.rope_theta)
+
+    @classmethod
+    def fold_hf(cls, sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+        """Checkpoint tensors (HF names) -> one tensor per ``hf_keys`` name (identity but for LLaDA2's experts)."""
+        return sd
+
+    @classmethod
+    def unfold_hf(cls, sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
+        """Inverse of ``fold_hf``: the published layout written by ``save_model``."""
+        return sd
 
     def rope(self, pos: torch.Tensor):
         """pos [B, n] -> (cos, sin) [B, n, D]."""

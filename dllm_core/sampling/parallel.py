@@ -6,7 +6,8 @@ from typing import ClassVar
 
 import torch
 
-from .base import Sampler, masked_score, rank_desc
+from .base import masked_score, rank_desc
+from .editing import Editable
 from ..options import check_min, check_range
 
 
@@ -28,8 +29,9 @@ def factor_commit(conf: torch.Tensor, masked: torch.Tensor, f: float) -> torch.T
 
 
 @dataclass(frozen=True)
-class Threshold(Sampler):
-    """Commit masked tokens whose confidence >= tau (at least the top-1); block ends with no masks."""
+class Threshold(Editable):
+    """Commit masked tokens whose confidence >= tau (at least the top-1); block ends with no masks
+    (with ``edit``: LLaDA2.1's joint threshold decoding, ``editing.py``)."""
 
     name: ClassVar[str] = "threshold"
     tau: float = 0.9
@@ -43,7 +45,7 @@ class Threshold(Sampler):
 
 
 @dataclass(frozen=True)
-class Factor(Sampler):
+class Factor(Editable):
     """Fast-dLLM factor rule with factor f (default 1.0)."""
 
     name: ClassVar[str] = "factor"

@@ -1,0 +1,78 @@
+"""LLaDA2.1's token editing (joint threshold decoding), an option of the parallel (variable-step) rules.
+
+Each step decodes masked positions with the rule's own commit (mask-to-token, M2T) and, with ``edit`` set,
+also replaces already-committed tokens of the block (token-to-token, T2T) whose proposal differs from
+them with probability above ``edit``. Positions that were not masks when the block began (a prompt's
+tail in a block-causal model's first block) are never edited. Once a block has no mask left, editing
+continues for at most ``post_edit`` more steps; a row's block ends at the first step that changes
+nothing (that step's forward already saw the final block) or when the budget is spent. ``edit``
+unset: the plain rule (its block ends when no mask is left).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .base import Sampler, TokenContext
+from ..options import check_min, check_range
+
+
+def edit_commit(p: torch.Tensor, x0: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, frozen: torch.Tensor,
+                tau: float) -> torch.Tensor:
+    """T2T: committed, editable positions whose proposal x0 differs with probability p > tau. [B, W] -> [B, W]."""
+    return (p > tau) & (x0 != x) & ~masked & ~frozen
+
+
+@dataclass(frozen=True)
+class Editable(Sampler):
+    """A variable-step rule with optional LLaDA2.1 token editing (``edit``: T2T probability threshold in
+    [0, 1], None = off; ``post_edit``: editing steps allowed after the last mask)."""
+
+    edit: float | None = None
+    post_edit: int = 16
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.edit is not None:
+            check_range(self.edit, 0.0, 1.0, f"--sampler {self.name}.edit")
+        check_min(self.post_edit, 0, f"--sampler {self.name}.post_edit")
+
+    def new_state(self, batch, block_len, steps, device):
+        st = super().new_state(batch, block_len, steps, device)
+        if self.edit is not None:
+            st.update(fin=torch.zeros(batch, dtype=torch.bool, device=device),
+                      post=torch.zeros(batch, dtype=torch.long, device=device),
+                      frozen=torch.zeros(batch, block_len, dtype=torch.bool, device=device))
+        return st
+
+    def begin_block(self, st, masked):
+        super().begin_block(st, masked)
+        if self.edit is not None:
+            st["frozen"] = ~masked
+            st["post"] = torch.zeros_like(st["post"])
+            st["fin"] = ~masked.any(-1)  # a block without masks has nothing to decode
+
+    def rows_done(self, st, masked):
+        return st["fin"] if self.edit is not None else super().rows_done(st, masked)
+
+    def active(self, st, masked):
+        return ~st["fin"] if self.edit is not None else super().active(st, masked)
+
+    def max_steps(self, block_len, steps):
+        return block_len + (self.post_edit + 1 if self.edit is not None else 0)
+
+    def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
+        if self.edit is None:
+            return super().step(logits, x, st, tc, lo)
+        x0, m2t = super().step(logits, x, st, tc, lo)
+        masked, run = x == tc.mask_id, ~st["fin"]  # [B, W], [B]
+        has = masked.any(-1)
+        post = st["post"] + (run & ~has)
+        spent = ~has & (post > self.post_edit)
+        p = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]  # probability of the proposal
+        t2t = edit_commit(p, x0, x, masked, st["frozen"][:, lo:lo + x.shape[1]], self.edit)
+        commit = (m2t | t2t) & (run & ~spent)[:, None]
+        st["post"] = torch.where(run, post, st["post"])
+        st["fin"] = st["fin"] | (run & ~commit.any(-1))
+        return x0, commit
