@@ -223,7 +223,7 @@ def test_dream_init_from_llada_and_arch_is_validated(tmp_path, capsys):
         torch.testing.assert_close(model(x, pos, None), src(x, pos, None))
     assert hf["architectures"] == ["DreamModel"] and hf["mask_token_id"] == src.args.mask_token_id
     assert main(["train-mdm", "--out", str(tmp_path / "e"), *DREAM_TINY, "--steps", "2", "--arch", "bert"]) == 2
-    assert "--arch must be one of ['llada', 'dream'], got 'bert'" in capsys.readouterr().err
+    assert "--arch must be one of ['llada', 'dream', 'llada2'], got 'bert'" in capsys.readouterr().err
     assert main(["train-mdm", "--out", str(tmp_path / "f"), *DREAM_TINY, "--steps", "4", "--time-limit", "1e-9"]) == 0
     assert main(["train-mdm", "--out", str(tmp_path / "f"), *DREAM_TINY, "--steps", "4", "--resume",
                  "--arch", "llada"]) == 2
@@ -266,3 +266,52 @@ def test_dream_loss_reads_the_shifted_rows_and_learns(dream):
         opt.step()
         opt.zero_grad()
     assert losses[-2] + losses[-1] < 0.8 * (losses[0] + losses[1]), losses
+
+
+def test_llada2_block_rows_lie_on_the_grid_and_learn(tmp_path):
+    """--arch llada2: block-noise rows mask part of one *grid* block (the prompt's tail block included) and
+    every later block; Adam steps on the loss lower it; the routers' loads move the expert bias
+    (aux-loss-free balancing); the CLI writes a checkpoint the engine decodes."""
+    import copy
+
+    from dllm_core import generate, load_model
+    from dllm_core.testing import build_tiny_checkpoint
+    from dllm_core.train.mdm import balance_experts, mdm_loss
+
+    base = load_model(build_tiny_checkpoint(tmp_path / "l2", "llada2"))
+    model = copy.deepcopy(base).requires_grad_(True).train()
+    B, P, G, mask = 16, 5, 24, base.args.mask_token_id
+    x = torch.randint(6, 100, (B, P + G))
+    x[:, P + 12:] = 1  # 12-token answers, then padding (pad id 1)
+    keep = torch.ones(B, P + G, dtype=torch.bool)
+    pos = torch.arange(P + G).expand(B, -1)
+    seen, hook = _spy_inputs(model.embed)
+    mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(0), True, 0.0, 1.0, 4, 1)
+    hook.remove()
+    firsts = set()
+    for row in (seen[0] == mask):  # grid blocks of 8 (the checkpoint's block_size), not the --block-noise arg
+        assert any(row[(k + 1) * 8:].all() and not row[:max(k * 8, P)].any() for k in range(3)), row
+        firsts.add(int(row.nonzero()[0]) // 8)
+    assert {0, 1, 2} <= firsts  # the prompt's tail block (positions 5-7) is drawn too
+
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    losses = []
+    for step in range(12):
+        loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(step % 2),
+                        True, 0.0, 1.0, 8, 1)
+        losses.append(loss.item())
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert losses[-2] + losses[-1] < 0.8 * (losses[0] + losses[1]), losses
+    moe = model.layers[1].mlp
+    bias, load = moe.expert_bias.detach().clone(), moe.load.clone()
+    balance_experts(model, 0.5)
+    torch.testing.assert_close(moe.expert_bias.detach(), bias + 0.5 * torch.sign(load.mean() - load))
+
+    out = tmp_path / "trained"
+    assert main(["train-mdm", "--arch", "llada2", "--out", str(out), *TINY[:2], "--dim", "32", "--layers", "2",
+                 "--heads", "2", "--ffn", "64", "--moe-ffn", "16", "--experts", "4", "--top-k", "2", "--steps", "3",
+                 "--block-noise", "1", "--save-dtype", "float32", "--tasks", "arithmetic;sort;retrieval:pairs=6"]) == 0
+    trained = load_model(out)
+    assert trained.block_causal == 8 and generate(trained, [[0, 9, 12]], gen_length=8, block_length=8, steps=8).tokens.shape == (1, 8)

@@ -130,6 +130,7 @@ class MoE(nn.Module):
         self.w_gate, self.w_up = nn.Parameter(torch.empty(E, i, d)), nn.Parameter(torch.empty(E, i, d))
         self.w_down = nn.Parameter(torch.empty(E, d, i))
         self.shared = SwiGLU(d, a.shared_ffn_dim) if a.shared_ffn_dim else None
+        self.load: torch.Tensor | None = None  # [E] tokens routed to each expert in the last training forward
 
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """x [N, d] -> expert ids [N, K], weights [N, K] (float32)."""
@@ -142,6 +143,8 @@ class MoE(nn.Module):
             keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)  # [N, G]
             choice = groups.masked_fill(~keep[..., None], float("-inf")).flatten(1)
         idx = choice.topk(a.top_k, -1).indices  # [N, K]
+        if self.training:  # tokens per expert, for the load balancing of the expert bias
+            self.load = torch.zeros(a.n_experts, device=x.device).index_add_(0, idx.flatten(), torch.ones(idx.numel(), device=x.device))
         w = scores.gather(1, idx)
         if a.norm_topk:
             w = w / (w.sum(-1, keepdim=True) + 1e-20)

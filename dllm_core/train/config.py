@@ -10,7 +10,7 @@ from ..tasks import parse_tasks
 
 DEVICES = ("cpu", "cuda")
 T_SAMPLING = ("iid", "stratified")
-MDM_ARCHS = ("llada", "dream")
+MDM_ARCHS = ("llada", "dream", "llada2")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -117,8 +117,18 @@ class MDMTrainConfig(TrainConfig):
     ``LLaDAModelLM``, unshifted logits; ``dream`` = ``DreamModel``, QKV biases and logits shifted by one)."""
 
     arch: str = "llada"
+    experts: int = 8        # llada2: routed experts per MoE layer (+ one shared expert)
+    top_k: int = 2          # llada2: experts per token
+    moe_ffn: int = 128      # llada2: each expert's hidden size
+    block_size: int = 8     # llada2: the block-causal attention's block (the tasks' block_length)
+    balance: float = 1e-3   # llada2: expert-bias step of the aux-loss-free load balancing (0: off)
 
     def __post_init__(self):
         super().__post_init__()
         if self.arch not in MDM_ARCHS:
             raise ValueError(f"--arch must be one of {list(MDM_ARCHS)}, got {self.arch!r}")
+        self.check_at_least(1, "experts", "top_k", "moe_ffn", "block_size")
+        if self.top_k > self.experts:
+            raise ValueError(f"--top-k {self.top_k} must be <= --experts {self.experts}")
+        if self.balance < 0:
+            raise ValueError(f"--balance must be >= 0, got {self.balance}")

@@ -60,14 +60,15 @@ def draw(task: Task, n: int, seed: int, step: int, key: str | None = None) -> li
     return [task.sample(rng, "train") for _ in range(n)]
 
 
-def mdm_batch(enc_fn: ChatEncoder, task: Task, examples: list[Example], ids: dict, device):
-    """Left-padded [prompt | response + EOT + EOS padding to ``task.gen_length``], the layout the
-    engine decodes in. -> x [B, T], key mask [B, 1, 1, T], positions [B, T], prompt length P."""
+def mdm_batch(enc_fn: ChatEncoder, task: Task, examples: list[Example], ids: dict, device, extra: int = 0):
+    """Left-padded [prompt | response + EOT + EOS padding to ``task.gen_length`` (+ ``extra``)], the layout
+    the engine decodes in. -> x [B, T], key mask [B, 1, 1, T], positions [B, T], prompt length P."""
     G = task.gen_length
     enc = enc_fn(examples)
     too_long = [len(r) for _, r in enc if len(r) > G]
     if too_long:
         raise ValueError(f"task {task.name}: responses of {max(too_long)} tokens exceed its gen_length {G}")
+    G += extra
     cfg = GenerationConfig(gen_length=G, block_length=G, steps=G)
     x, keep, pos, P = build_canvas([p for p, _ in enc], cfg, ids["mask"], ids["eos"], device)
     resp = torch.tensor([r + [ids["eos"]] * (G - len(r)) for _, r in enc], device=device)  # [B, G]

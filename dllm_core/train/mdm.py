@@ -12,6 +12,12 @@ answer reaches, the blocks before it stay clean, it is masked with probability t
 block after it is masked whole (unscored), so that the model trains on the states the vanilla loop
 decodes: a clean prefix, a partly decoded block, a masked future.
 
+``--arch llada2`` trains a ``LLaDA2MoeModelLM`` (block-causal MoE): its attention is block-causal on the
+absolute position grid (``--block-size``), ``--block-noise`` blocks are grid blocks, the response is padded
+by one more block (inference decodes the answer's last grid block whole), and the routers' expert biases
+follow LLaDA2's aux-loss-free balancing (after each step, ``--balance`` times the sign of each expert's
+load below the mean; the bias only steers the choice, never the weights).
+
 ``--arch dream`` trains a ``DreamModel`` (Qwen2 key names, QKV biases) on the same data with Dream's
 shifted logits: the token at position i is predicted by the logit row i - 1 (the first response token by
 the last prompt row), as the engine decodes it (``model.shift_logits``). ``--init`` may then name a LLaDA
@@ -26,8 +32,9 @@ from dataclasses import asdict
 import torch
 import torch.nn.functional as F
 
-from ..models import DiffusionLM, DreamModel, LLaDAModelLM, load_model, save_model
-from ..testing import llada_config
+from ..engine.generate import block_causal_mask
+from ..models import DiffusionLM, DreamModel, LLaDA2MoeModelLM, LLaDAModelLM, load_model, save_model
+from ..testing import llada2_config, llada_config
 from .common import add_train_args, dtype_of, eval_fn, init_from, setup, step_generator, train_config
 from .config import MDM_ARCHS, MDMTrainConfig
 from .data import ChatEncoder, draw, mdm_batch, stream_keys
@@ -48,16 +55,20 @@ def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) 
 
 
 def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int, pad_id: int,
-               gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               gen: torch.Generator, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise-SFT rows (``--block-noise``): -> rows [B, 1], active block [B, T], masked future [B, T].
     A row's block is uniform over those that start at or before its first padding token (the block
-    where the answer ends, or the one after, holds the EOT/EOS the model must learn to write)."""
+    where the answer ends, or the one after, holds the EOT/EOS the model must learn to write). Blocks
+    start at the response (P) or, with ``pos`` [B, T] (block-causal models), lie on the position grid."""
     rows = torch.rand(B, 1, generator=gen, device=x.device) < frac  # [B, 1]
     n = (x[:, P:] != pad_id).sum(1)  # [B] answer + EOT (no padding inside the answer)
-    reach = torch.clamp(n // block + 1, max=(T - P) // block)  # [B] blocks a row may draw
-    k = (torch.rand(B, generator=gen, device=x.device) * reach).long()  # [B]
-    rel = torch.arange(T, device=x.device)[None] - P - (k * block)[:, None]  # [B, T]
-    return rows, (rel >= 0) & (rel < block), rel >= block
+    col = torch.arange(T, device=x.device)[None]  # [1, T]
+    idx = ((col - P) // block).expand(B, -1) if pos is None else pos // block - pos[:, P:P + 1] // block  # [B, T]
+    last = idx.gather(1, (P + n).clamp(max=T - 1)[:, None])[:, 0]  # [B] block of the first padding token
+    reach = torch.clamp(last + 1, max=int(idx[:, -1].min()) + 1)  # [B] blocks a row may draw
+    k = (torch.rand(B, generator=gen, device=x.device) * reach).long()[:, None]  # [B, 1]
+    resp = col >= P
+    return rows, resp & (idx == k), resp & (idx > k)
 
 
 def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
@@ -76,6 +87,8 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     padding (the first of a whole-noised row) has no row predicting it and is never noised."""
     B, T = x.shape
     s = int(model.shift_logits)
+    bc = model.block_causal
+    attn = block_causal_mask(keep[:, 0, 0], pos, bc) if bc else keep
     t = noise_levels(B, gen, x.device, stratified)  # [B, 1]
     whole = torch.rand(B, 1, generator=gen, device=x.device) < prompt_noise  # [B, 1]
     col = torch.arange(T, device=x.device)[None]  # [1, T]
@@ -85,7 +98,7 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     masked = (torch.rand(B, T, generator=gen, device=x.device) < t) & noisable  # [B, T]
     scored = masked
     if block_noise > 0:
-        rows, active, future = block_rows(B, T, P, x, block_noise, block, pad_id, gen)
+        rows, active, future = block_rows(B, T, P, x, block_noise, bc or block, pad_id, gen, pos if bc else None)
         rows = rows & ~whole
         noisable = torch.where(rows, noisable & active, noisable)
         scored = torch.where(rows, masked & active, masked)
@@ -93,7 +106,7 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
     h, rope = model.embed(x.masked_fill(masked, mask_id)), model.rope(pos)
     for layer in model.layers:
-        h = layer(h, rope, keep)
+        h = layer(h, rope, attn)
     logits = model.logits(h[:, first - s:T - s])  # [B, T - first, V]: row j predicts position first + j
     ce = F.cross_entropy(logits.flatten(0, 1), x[:, first:].flatten(), reduction="none").view(B, -1)
     per_row = (ce * scored[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
@@ -115,6 +128,17 @@ def dream_config(ids: dict, dim: int, n_layers: int, n_heads: int, n_kv_heads: i
             "torch_dtype": "float32"}
 
 
+def balance_experts(model: DiffusionLM, rate: float) -> None:
+    """LLaDA2's aux-loss-free load balancing: each MoE router's expert bias moves by ``rate`` towards
+    the experts that received fewer than the mean number of tokens in the last forward (its ``load``)."""
+    with torch.no_grad():
+        for layer in model.layers:
+            moe = getattr(layer, "mlp", None)
+            if getattr(moe, "load", None) is not None and moe.expert_bias is not None:
+                moe.expert_bias += rate * torch.sign(moe.load.mean() - moe.load)
+                moe.load = None
+
+
 def init_state(model: DiffusionLM, cfg: MDMTrainConfig) -> dict[str, torch.Tensor]:
     """The ``--init`` checkpoint's weights for ``model``; a LLaDA checkpoint into a Dream model gets zero
     QKV biases (LLaDA has none), so the Dream model starts computing exactly LLaDA's hidden states."""
@@ -130,8 +154,15 @@ def build(cfg: MDMTrainConfig, ids: dict) -> tuple[DiffusionLM, dict]:
     """Fresh LLaDA / Dream model (``cfg.arch``) + its config.json dict, small-std init (zero biases)."""
     sizes = dict(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                  ffn=cfg.ffn, max_len=cfg.max_len)
-    cls = LLaDAModelLM if cfg.arch == "llada" else DreamModel
-    hf = (llada_config if cfg.arch == "llada" else dream_config)(ids["raw"], **sizes)
+    cls = {"llada": LLaDAModelLM, "dream": DreamModel, "llada2": LLaDA2MoeModelLM}[cfg.arch]
+    if cfg.arch == "llada2":
+        sizes.update(head_dim=cfg.dim // cfg.n_heads, experts=cfg.experts, top_k=cfg.top_k, moe_ffn=cfg.moe_ffn,
+                     block_size=cfg.block_size, n_group=2 if cfg.experts % 2 == 0 and cfg.experts >= 4 else 1,
+                     topk_group=1 if cfg.experts >= 4 * cfg.top_k else 2 if cfg.experts % 2 == 0 and cfg.experts >= 4 else 1)
+        sizes["n_kv_heads"] = sizes["n_kv_heads"] or cfg.n_heads
+        hf = llada2_config(ids["raw"], **sizes)
+    else:
+        hf = (llada_config if cfg.arch == "llada" else dream_config)(ids["raw"], **sizes)
     model = cls(cls.parse_config(hf)).to(cfg.device)
     for name, p in model.named_parameters():
         if p.dim() >= 2:
@@ -146,15 +177,19 @@ def build(cfg: MDMTrainConfig, ids: dict) -> tuple[DiffusionLM, dict]:
 def cmd_train_mdm(a) -> int:
     from ..tasks.evaluate import run_mdm, task_config
 
-    cfg = MDMTrainConfig(**asdict(train_config(a)), arch=a.arch)
+    cfg = MDMTrainConfig(**asdict(train_config(a)), arch=a.arch, experts=a.experts, top_k=a.top_k,
+                         moe_ffn=a.moe_ffn, block_size=a.block_size, balance=a.balance)
     tok, ids = setup(cfg)
     model, hf = build(cfg, ids)
     tasks, sizes, enc = cfg.task_list(), cfg.batch_sizes, ChatEncoder(tok, ids["eot"])
+    extra = model.block_causal  # block-causal: room for each answer's last grid block, decoded whole
 
     def loss_fn(step: int, micro: int = 0):
+        if cfg.balance:
+            balance_experts(model, cfg.balance)  # the previous step's loads (its backward is done)
         gen, total, n = step_generator(cfg, step), 0.0, 0
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
-            x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device)
+            x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device, extra)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
                             cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"])
             total = total + loss
@@ -175,6 +210,9 @@ def add_parser(sub) -> None:
                                          "task suite")
     add_train_args(p, DEFAULTS)
     p.add_argument("--arch", default=DEFAULTS.arch,
-                   help=f"one of {list(MDM_ARCHS)}: LLaDAModelLM, or DreamModel (QKV biases, logits shifted by one "
-                        f"position); --init may map a LLaDA checkpoint into a Dream model")
+                   help=f"one of {list(MDM_ARCHS)}: LLaDAModelLM, DreamModel (QKV biases, logits shifted by one "
+                        f"position; --init may map a LLaDA checkpoint into it) or LLaDA2MoeModelLM (block-causal MoE)")
+    for flag, kind in (("experts", int), ("top_k", int), ("moe_ffn", int), ("block_size", int), ("balance", float)):
+        p.add_argument("--" + flag.replace("_", "-"), type=kind, default=getattr(DEFAULTS, flag),
+                       help=f"--arch llada2 only (default {getattr(DEFAULTS, flag)})")
     p.set_defaults(func=cmd_train_mdm)
