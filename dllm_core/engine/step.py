@@ -67,6 +67,14 @@ def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tens
     return take_step(sampler, st, plan, logits[:, lo:hi], x, tc)
 
 
+def block_final(done_before: torch.Tensor, x_before: torch.Tensor, x_after: torch.Tensor,
+                done_after: torch.Tensor) -> torch.Tensor:
+    """[B] rows whose block is finished with this step's forward having seen it final (a paged host then
+    keeps that forward's K/V and moves on): done before the step, or finished by a step that changed
+    nothing (token editing ends a block so). x [B, L] before / after the step."""
+    return done_before | (done_after & (x_before == x_after).all(-1))
+
+
 class BlockProgress:
     """Per-row cursor through the semi-autoregressive blocks of a canvas (host numpy, one row per
     request slot): the block being decoded, whether it starts at the next step, the denoise steps

@@ -7,6 +7,12 @@ tail in a block-causal model's first block) are never edited. Once a block has n
 continues for at most ``post_edit`` more steps; a row's block ends at the first step that changes
 nothing (that step's forward already saw the final block) or when the budget is spent. ``edit``
 unset: the plain rule (its block ends when no mask is left).
+
+Greedy (temperature 0) this is SGLang's ``JointThreshold`` (threshold, edit_threshold, max_post_edit_steps)
+step for step, with two stated differences: [MASK] is never a proposal here (SGLang takes the plain
+argmax, so where a model's argmax is [MASK] it may re-mask a committed token), and the M2T threshold
+admits confidence == tau (SGLang: > tau). Its ``penalty_lambda`` (a repetition penalty, default 0) is
+not offered.
 """
 from __future__ import annotations
 

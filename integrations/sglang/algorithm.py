@@ -4,9 +4,9 @@ SGLang calls ``step(forward_batch, full_logits, states)`` after every forward of
 ``input_ids`` [B * block] holds each request's block (prompt tail + masks + committed tokens),
 ``full_logits`` [B * block, V] its logits. The adapter views them as [B, block] and runs the
 core's step (``dllm_core.engine.step.denoise_step``: the loop body of every engine), writes the
-commits back into ``input_ids`` in place and reports per row whether the block *was* finished
-before this step (the sampler's ``rows_done``; SGLang's contract: the forward after the last
-commit persists the block's K/V).
+commits back into ``input_ids`` in place and reports per row whether the block is finished with this
+forward having seen it final (``block_final``: done before the step, or - token editing - finished by a
+step that changed nothing; SGLang's contract: the forward after the last change persists the block's K/V).
 
 With Fast-dLLM's ``cache: prefix`` / ``dual`` or dLLM-Cache's ``cache: dllm`` the algorithm instead runs the
 embedded engine's loop over each request's whole response (``fast_dllm.FastDllmHost``): SGLang's block is a
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, List
 
 import torch
 
-from dllm_core.engine.step import SlotStates, denoise_step, mask_in_prompt
+from dllm_core.engine.step import SlotStates, block_final, denoise_step, mask_in_prompt
 from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
@@ -200,13 +200,14 @@ class DllmCoreAlgorithm(DllmAlgorithm):
             return done
         pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
         x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
+        before = ids.clone()
         x, after = denoise_step(self.sampler, st, full_logits.view(B, L, -1), x, self.token_context(ids.device))
         self.rows.scatter(slots, st)
         ids.copy_(torch.where(x == -1, ids, x))  # in place: forward_batch.input_ids
         if self.opts.caching:  # rows whose block is done: their next forward persists it
             for s, final in zip(states, after.tolist()):
                 s.final = final
-        return done
+        return block_final(torch.tensor(done), before, ids, after).tolist()
 
 
 def disable_cuda_graphs(server_args, why: str) -> None:

@@ -1,9 +1,9 @@
-"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream checkpoints and TokenSwift heads (a
+"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream / LLaDA2 checkpoints and TokenSwift heads (a
 ``--speculative-draft-model-path``) through dllm_core's HF config classes (``dllm_core.models.hf_config``),
 without ``--trust-remote-code``."""
 from __future__ import annotations
 
-from dllm_core.models.hf_config import DreamConfig, LLaDAConfig, TokenSwiftHeadsConfig
+from dllm_core.models.hf_config import DreamConfig, LLaDA2MoeConfig, LLaDAConfig, TokenSwiftHeadsConfig
 
 
 def register_configs() -> None:
@@ -13,7 +13,7 @@ def register_configs() -> None:
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
-    for cls in (LLaDAConfig, DreamConfig, TokenSwiftHeadsConfig):
+    for cls in (LLaDAConfig, DreamConfig, LLaDA2MoeConfig, TokenSwiftHeadsConfig):
         if cls.model_type not in CONFIG_MAPPING:
             AutoConfig.register(cls.model_type, cls)
 

@@ -47,7 +47,31 @@ def init_cpu_runtime() -> None:
                 ranks=SpawnRanks(world_rank=0))
         get_parallel().override_permanently(world_group=parallel_state._WORLD)
         initialize_model_parallel(backend="gloo")
+    scale_cpu_moe_output()
     _READY = True
+
+
+def scale_cpu_moe_output() -> None:
+    """SGLang's CPU MoE paths (``UnquantizedFusedMoEMethod.forward_cpu``: ``moe_forward_native`` and AMX's
+    ``fused_experts_cpu``) drop the ``routed_scaling_factor`` its GPU runners apply to the routed experts'
+    output (Triton ``fused_experts(routed_scaling_factor=...)``), so a model with a factor (LLaDA2: 2.5)
+    computes another function on CPU. This stand-in applies it as the GPU path does (idempotent; the class
+    aliases ``forward_native`` to ``forward_cpu``, which is what its CPU dispatch calls)."""
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    orig = UnquantizedFusedMoEMethod.forward_cpu
+    if getattr(orig, "dllm_scaled", False):
+        return
+
+    def forward_cpu(self, layer, dispatch_output):
+        out = orig(self, layer, dispatch_output)
+        f = self.moe_runner_config.routed_scaling_factor
+        if f is not None and f != 1.0 and not layer.should_fuse_routed_scaling_factor_in_topk:
+            out.hidden_states.mul_(f)
+        return out
+
+    forward_cpu.dllm_scaled = True
+    UnquantizedFusedMoEMethod.forward_cpu = UnquantizedFusedMoEMethod.forward_native = forward_cpu  # the alias too
 
 
 def load_sglang_model(model_dir, dtype: str = "float32"):
@@ -112,10 +136,13 @@ class CpuModelRunner(CpuRunner):
         from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
         from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
 
+        from sglang.srt.layers.radix_attention import RadixAttention
+
         super().__init__(model, max_len, max_reqs)
-        att = model.layers[0].self_attn
-        self.token_to_kv_pool = MHATokenToKVPool(max_reqs * max_len + 1, 1, model.embed.weight.dtype, att.n_kv,
-                                                 att.head_dim, model.args.n_layers, "cpu", False)
+        atts = [m for m in model.modules() if isinstance(m, RadixAttention)]  # ours or SGLang's own model
+        dtype = next(model.parameters()).dtype
+        self.token_to_kv_pool = MHATokenToKVPool(max_reqs * max_len + 1, 1, dtype, atts[0].tp_k_head_num,
+                                                 atts[0].head_dim, len(atts), "cpu", False)
         self.backend = TorchNativeAttnBackend(self)
 
     def forward(self, fb, pp_proxy_tensors=None):

@@ -1,0 +1,93 @@
+"""LLaDA2 in SGLang (CPU stand-in): SGLang's own ``LLaDA2MoeModelLM`` (its FusedMoE, RadixAttention,
+paged KV pool, block-by-block prefill), loaded from the tiny published-layout checkpoint without remote
+code, decoded by SGLang's own algorithms and by ours, equals the embedded engine token for token."""
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.engine.generate import block_causal_mask  # noqa: E402
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from integrations.sglang.algorithm import DllmCore, FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
+from integrations.sglang.configs import register_configs  # noqa: E402
+from integrations.sglang.testing import BlockDriver, CpuModelRunner, Row, load_sglang_model  # noqa: E402
+from sglang.srt.dllm.algorithm.joint_threshold import JointThreshold  # noqa: E402
+from sglang.srt.dllm.algorithm.low_confidence import LowConfidence  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+
+L = 8
+PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57))]  # the prompt tail in 3 grid offsets
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    register_configs()
+    d = build_tiny_checkpoint(tmp_path_factory.mktemp("sg_llada2"), "llada2")
+    return load_sglang_model(d), load_model(d)
+
+
+def test_sglang_class_computes_the_native_logits(models):
+    """SGLang's class (its weight loader: fused QKV, per-expert FusedMoE weights) over its paged KV, one
+    grid block per forward, equals dllm_core's block-causal forward."""
+    sg, ref = models
+    assert type(sg).__name__ == "LLaDA2MoeModelLM"
+    drv = BlockDriver(None, CpuModelRunner(sg, max_len=64, max_reqs=1), block_size=L)
+    row = Row(list(range(30, 38)), L, drv.runner.alloc_slot())
+    block = [40, 41, 42] + [ref.args.mask_token_id] * 5
+    first = drv.runner.forward(drv.batch([row], [row.prompt])).logits_output.full_logits
+    row.kv_len = L
+    second = drv.runner.forward(drv.batch([row], [block])).logits_output.full_logits
+    ids, pos = torch.tensor([row.prompt + block]), torch.arange(2 * L)[None]
+    want = ref(ids, pos, block_causal_mask(torch.ones_like(ids, dtype=torch.bool), pos, L))[0]
+    torch.testing.assert_close(torch.cat([first, second]), want, atol=1e-4, rtol=1e-4)
+
+
+def _sglang(sg, algo, gen=16, forwards: list | None = None):
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=4)
+    out = BlockDriver(algo, runner).generate(PROMPTS, gen, 5)
+    if forwards is not None:
+        forwards.append(runner.forwards)
+    return out
+
+
+@pytest.mark.parametrize("cls,cfg,sampler", [
+    (DllmCore, {"sampler": "low_confidence", "steps": 8}, "low_confidence"),
+    (FastDllmThreshold, {"tau": 0.5}, "threshold:tau=0.5"),
+    (FastDllmFactor, {"f": 1.5}, "factor:f=1.5"),
+    (SlowFast, {}, "slowfast"),
+    (DllmCore, {"sampler": "threshold:tau=0.5,edit=0.5,post_edit=4"}, "threshold:tau=0.5,edit=0.5,post_edit=4"),
+])
+def test_our_algorithms_drive_sglang_llada2(models, cls, cfg, sampler):
+    """Our algorithms on SGLang's LLaDA2 class, three requests of different lengths batched: the embedded
+    engine's tokens."""
+    sg, ref = models
+    want = generate(ref, PROMPTS, GenerationConfig(gen_length=16, block_length=L, steps=16, sampler=sampler))
+    out = _sglang(sg, cls(DllmConfig(cls.__name__, cfg, L, 5, 4)))
+    assert out == want.tokens.tolist()
+
+
+@pytest.mark.parametrize("algo,cfg,sampler", [
+    (LowConfidence, {"threshold": 0.5}, "threshold:tau=0.5"),
+    (JointThreshold, {"threshold": 0.5, "edit_threshold": 0.5, "max_post_edit_steps": 4},
+     "threshold:tau=0.5,edit=0.5,post_edit=4"),
+    (JointThreshold, {"threshold": 0.7, "edit_threshold": 0.3, "max_post_edit_steps": 16},
+     "threshold:tau=0.7,edit=0.3,post_edit=16"),
+])
+def test_sglang_own_algorithms_equal_ours(models, algo, cfg, sampler, monkeypatch):
+    """SGLang's LowConfidence and LLaDA2.1 JointThreshold on its own LLaDA2 class decode what our
+    threshold rule (with editing) decodes in the embedded engine. Precondition, checked: [MASK] is never
+    the argmax (SGLang's rules take the plain argmax, ours never propose [MASK]; a random model whose
+    argmax is [MASK] would have SGLang re-mask committed tokens)."""
+    sg, ref = models
+    argmax_mask = []
+    logits = ref.logits
+    monkeypatch.setattr(ref, "logits", lambda h: argmax_mask.append(bool((logits(h).argmax(-1) == 5).any()))
+                        or logits(h))
+    want = generate(ref, PROMPTS, GenerationConfig(gen_length=16, block_length=L, steps=16, sampler=sampler))
+    assert not any(argmax_mask)
+    n = []
+    assert _sglang(sg, algo(DllmConfig(algo.__name__, cfg, L, 5, 4)), forwards=n) == want.tokens.tolist()
+    assert _sglang(sg, DllmCore(DllmConfig("DllmCore", {"sampler": sampler}, L, 5, 4)), forwards=n) == want.tokens.tolist()
+    assert n[0] == n[1]  # and in as many forwards (prefill rounds + denoise steps + the persisting ones)
