@@ -91,3 +91,32 @@ def test_sglang_own_algorithms_equal_ours(models, algo, cfg, sampler, monkeypatc
     assert _sglang(sg, algo(DllmConfig(algo.__name__, cfg, L, 5, 4)), forwards=n) == want.tokens.tolist()
     assert _sglang(sg, DllmCore(DllmConfig("DllmCore", {"sampler": sampler}, L, 5, 4)), forwards=n) == want.tokens.tolist()
     assert n[0] == n[1]  # and in as many forwards (prefill rounds + denoise steps + the persisting ones)
+
+
+def test_launch_reads_the_checkpoint_block_and_refuses_another(tmp_path):
+    """SGLang's DllmConfig for LLaDA2 (the plugin's row): the checkpoint's block_size and mask id (the
+    published 32 / 156895 when config.json names none); a YAML block_size that differs is refused."""
+    import json
+
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()
+    d = build_tiny_checkpoint(tmp_path / "m", "llada2")
+
+    def config(yaml_text, d=d):
+        (tmp_path / "a.yaml").write_text(yaml_text)
+        return DllmConfig.from_server_args(ServerArgs(model_path=str(d), dllm_algorithm="DllmCore",
+                                                      dllm_algorithm_config=str(tmp_path / "a.yaml")))
+
+    cfg = config("sampler: threshold:tau=0.5,edit=0.5\n")
+    assert (cfg.block_size, cfg.mask_id) == (8, 5)
+    with pytest.raises(ValueError, match=r"block_size 16 does not match the checkpoint's block_size 8 "
+                                         r"\(LLaDA2MoeModelLM attends block-causally over blocks of 8\)"):
+        config("block_size: 16\n")
+    published = build_tiny_checkpoint(tmp_path / "p", "llada2")  # a new path: SGLang caches configs by path
+    raw = json.loads((published / "config.json").read_text())
+    del raw["block_size"], raw["mask_token_id"]
+    (published / "config.json").write_text(json.dumps(raw))
+    cfg = config("sampler: low_confidence\n", published)
+    assert (cfg.block_size, cfg.mask_id) == (32, 156895)

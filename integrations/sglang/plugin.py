@@ -10,6 +10,8 @@ It changes no SGLang file; everything goes through SGLang's registries and its h
 * ``DllmConfig.from_server_args`` (AROUND): the dLLM architecture table gains LLaDA-8B and
   Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json), as a
   ``DllmServeConfig`` whose admission check refuses prompts holding the mask token (HTTP 400);
+  LLaDA2's row reads the checkpoint's ``block_size`` / ``mask_token_id`` (SGLang's table: 32 / 156895,
+  the published ones) and refuses a YAML ``block_size`` that differs (it attends block-causally);
 * ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
   prefix position (``PrefixRows.expect``), which SGLang does not pass to the model; every dllm-serve
   model gets the batch's requests (prompt ids, ``max_new_tokens``, block offsets) for Fast-dLLM's
@@ -28,6 +30,7 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK = 32
 ARCHS = ("LLaDAModelLM", "DreamModel")
+BLOCK_CAUSAL = "LLaDA2MoeModelLM"  # SGLang's own model class; its block size is the checkpoint's
 
 
 def register() -> None:
@@ -95,9 +98,11 @@ def dllm_config(original, server_args):
         return original(server_args)
     hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
     arch = (getattr(hf, "architectures", None) or [None])[0]
-    if arch not in ARCHS:
+    if arch not in ARCHS and arch != BLOCK_CAUSAL:
         return original(server_args)
-    mask_id = getattr(hf, "mask_token_id", None)
+    from dllm_core.models.llada2 import BLOCK_SIZE, MASK_ID
+
+    mask_id = getattr(hf, "mask_token_id", MASK_ID if arch == BLOCK_CAUSAL else None)
     if not isinstance(mask_id, int):
         raise ValueError(f"{arch}: config.json has no integer mask_token_id (LLaDA-8B: 126336, Dream: 151666); "
                          f"pass --json-model-override-args '{{\"mask_token_id\": ...}}'")
@@ -105,9 +110,13 @@ def dllm_config(original, server_args):
     if algorithm_cls.supported_architectures and arch not in algorithm_cls.supported_architectures:
         raise ValueError(f"{cfg.dllm_algorithm} does not support model architecture {arch}")
     algorithm_config = read_yaml(cfg.dllm_algorithm_config)
-    block_size = algorithm_config.get("block_size", DEFAULT_BLOCK)
+    trained = getattr(hf, "block_size", BLOCK_SIZE) if arch == BLOCK_CAUSAL else None
+    block_size = algorithm_config.get("block_size", trained or DEFAULT_BLOCK)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"--dllm-algorithm-config: block_size must be an integer >= 1, got {block_size!r}")
+    if trained is not None and block_size != trained:
+        raise ValueError(f"--dllm-algorithm-config: block_size {block_size} does not match the checkpoint's "
+                         f"block_size {trained} ({arch} attends block-causally over blocks of {trained})")
     return DllmServeConfig(
         algorithm=cfg.dllm_algorithm, algorithm_config=algorithm_config, block_size=block_size, mask_id=mask_id,
         max_running_requests=1 if cfg.max_running_requests is None else cfg.max_running_requests,
