@@ -160,10 +160,14 @@ def test_generate_caches_exact_and_batching_invisible(llada2, sampler):
     for i, p in enumerate(PROMPTS):
         one = generate(llada2, [p], cfg)
         assert torch.equal(one.tokens[0], ref.tokens[i]) and one.nfe[0] == ref.nfe[i]
-    for cache in ("prefix", "dual"):
+    for cache in ("prefix", "dual", "canvas", "dllm:kr=1"):  # dllm: inside the block, kr=1 exact
         r = generate(llada2, PROMPTS, cfg, cache=cache)
         assert torch.equal(r.tokens, ref.tokens), cache
         assert r.nfe == ref.nfe and r.counters.token_layers < 0.7 * ref.counters.token_layers
+    cached = generate(llada2, PROMPTS, cfg, cache="dllm:kr=2,rho=0.25")  # approximate: reuses block features
+    assert cached.counters.ratio() < generate(llada2, PROMPTS, cfg, cache="canvas").counters.ratio()  # per forward
+    for i, p in enumerate(PROMPTS):
+        assert torch.equal(generate(llada2, [p], cfg, cache="dllm:kr=2,rho=0.25").tokens[0], cached.tokens[i])
 
 
 def test_prompt_tail_shares_the_first_block(llada2):
@@ -227,9 +231,9 @@ def test_editing_commits_what_sglang_joint_threshold_commits():
 def test_bad_llada2_options(llada2):
     with pytest.raises(ValueError, match="--block-length 16 does not match the checkpoint's block_size 8"):
         generate(llada2, PROMPTS[:1], gen_length=16, block_length=16, steps=16)
-    with pytest.raises(ValueError, match=r"--cache dllm is not available for the block-causal LLaDA2MoeModelLM; "
-                                         r"allowed: \['none', 'prefix', 'dual'\]"):
-        generate(llada2, PROMPTS[:1], gen_length=16, block_length=BL, steps=16, cache="dllm")
+    with pytest.raises(ValueError, match=r"--cache canvas.blocks=2: a block-causal LLaDA2MoeModelLM decodes one "
+                                         r"block per canvas \(blocks=1\)"):
+        generate(llada2, PROMPTS[:1], gen_length=16, block_length=BL, steps=16, cache="canvas:blocks=2")
     with pytest.raises(ValueError, match=r"--sampler threshold.edit must be in \[0.0, 1.0\], got 1.5"):
         make_sampler("threshold:edit=1.5")
     with pytest.raises(ValueError, match="low_confidence has no option 'edit'"):

@@ -37,6 +37,10 @@ outputs. ``kr=1`` (the default) is exact. ``CanvasCache.from_spec("dllm:kp=..,kr
 ``dllm`` spec onto this policy (``kp`` has nothing to refresh here and is ignored).
 The step counter restarts at every canvas (dLLM-Cache's ``per_block``): a new canvas has no
 cached features.
+
+On a block-causal model (LLaDA2) with one block per canvas this *is* the model's own semantics: the
+prefix (whole grid blocks of the prompt, then committed blocks) is exact, and ``kr`` > 1 is dLLM-Cache
+inside the block (the engine maps a ``dllm`` spec onto it for such a model).
 """
 from __future__ import annotations
 
@@ -79,7 +83,8 @@ class CanvasState(CacheState):
         cv, L = self.canvas, self.L
         P, c = cv.prompt_len, cv.block // self.policy.blocks
         if self.current is None:
-            self._freeze(x, 0, P)  # prompt prefill
+            if P > 0:  # block-causal: a short prompt has no whole grid block before the first decoded one
+                self._freeze(x, 0, P)  # prompt prefill
         elif c != self.current:
             s0 = P + self.current * L
             self._freeze(x, s0, s0 + L)  # commit of the finished canvas
@@ -96,20 +101,21 @@ class CanvasState(CacheState):
     def _freeze(self, x, s: int, e: int) -> None:
         """Run [s, e) against the frozen prefix + itself, keep its K/V and its last hidden row."""
         m, cv = self.model, self.canvas
-        h, rope, mask = m.embed(x[:, s:e]), m.rope(cv.pos[:, s:e]), self._mask(e)
+        h, rope, mask = m.embed(x[:, s:e]), m.rope(cv.pos[:, s:e]), self._mask(s, e)
         for layer, (k, v) in zip(m.layers, self.kv):
             h = layer(h, rope, mask, kv=(k[:, :, :e], v[:, :, :e]), at=s)
         self.last.copy_(h[:, -1])
         self._count(e - s)
 
-    def _mask(self, e: int):
-        return None if self.canvas.mask is None else self.canvas.mask[..., :e]
+    def _mask(self, s: int, e: int):
+        """Queries [s, e) over keys [0, e)."""
+        return None if self.canvas.mask is None else self.canvas.attn(s, e)[..., :e]
 
     def _denoise(self, x, s: int, e: int, active: np.ndarray) -> torch.Tensor:
         """One denoise forward of the canvas [s, e): [B, L, d] final-layer hidden states."""
         m, cv, pol = self.model, self.canvas, self.policy
         B, L = x.shape[0], e - s
-        h, mask = m.embed(x[:, s:e]), self._mask(e)
+        h, mask = m.embed(x[:, s:e]), self._mask(s, e)
         self.counters.forwards += 1
         self.counters.full_token_layers += cv.seq_len * m.args.n_layers
         if pol.exact:

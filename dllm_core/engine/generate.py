@@ -14,7 +14,7 @@ from ..sampling import TokenContext
 from .config import GenerationConfig
 from .step import mask_in_prompt, plan_step, take_step
 
-BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual")  # exact on a block-causal model (its prefix K/V are final)
+BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual", "canvas", "dllm")  # dllm: inside the block (CanvasCache)
 
 
 @dataclass
@@ -106,6 +106,15 @@ def check_block_causal(model: DiffusionLM, cfg: GenerationConfig) -> None:
     if cfg.cache.name not in BLOCK_CAUSAL_CACHES:
         raise ValueError(f"--cache {cfg.cache.name} is not available for the block-causal "
                          f"{type(model).__name__}; allowed: {list(BLOCK_CAUSAL_CACHES)}")
+    if isinstance(cfg.cache, CanvasCache) and cfg.cache.blocks != 1:
+        raise ValueError(f"--cache canvas.blocks={cfg.cache.blocks}: a block-causal {type(model).__name__} "
+                         f"decodes one block per canvas (blocks=1)")
+
+
+def block_causal_policy(cfg: GenerationConfig) -> GenerationConfig:
+    """On a block-causal model dLLM-Cache runs inside the block: a ``dllm`` spec becomes the canvas
+    policy with its response-side knobs (the prefix is exact: nothing to refresh)."""
+    return replace(cfg, cache=CanvasCache.from_spec(cfg.cache)) if cfg.cache.name == "dllm" else cfg
 
 
 def _rows(fresh, active, cfg_rows):
@@ -120,6 +129,8 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     cfg = replace(cfg or GenerationConfig(), **overrides) if overrides else (cfg or GenerationConfig())
     prompts = [prompts] if prompts and isinstance(prompts[0], int) else prompts
     mask_id = _check(model, prompts, cfg)
+    if model.block_causal:
+        cfg = block_causal_policy(cfg)
     dev = model.embed.weight.device
     pad = model.args.pad_token_id if model.args.pad_token_id is not None else mask_id
     if model.block_causal:

@@ -138,7 +138,7 @@ class MoE(nn.Module):
         scores = F.linear(x.float(), self.gate.float()).sigmoid()  # [N, E]
         choice = scores if self.expert_bias is None else scores + self.expert_bias.float()
         if a.n_group > 1:
-            groups = choice.view(len(x), a.n_group, -1)  # [N, G, E/G]
+            groups = choice.view(len(x), a.n_group, a.n_experts // a.n_group)  # [N, G, E/G]
             best = groups.topk(2, -1).values.sum(-1).topk(a.topk_group, -1).indices  # [N, topk_group]
             keep = torch.zeros_like(groups[..., 0], dtype=torch.bool).scatter_(1, best, True)  # [N, G]
             choice = groups.masked_fill(~keep[..., None], float("-inf")).flatten(1)
@@ -162,7 +162,7 @@ class MoE(nn.Module):
         g = F.grouped_mm(xs, self.w_gate.transpose(1, 2), offs=offs)  # [N*K, I]
         u = F.grouped_mm(xs, self.w_up.transpose(1, 2), offs=offs)
         y = F.grouped_mm(F.silu(g) * u, self.w_down.transpose(1, 2), offs=offs)  # [N*K, d]
-        y = torch.empty_like(y).index_copy_(0, order, y).view(N, K, -1)  # back to (token, k) order
+        y = torch.empty_like(y).index_copy_(0, order, y).view(N, K, x.shape[-1])  # back to (token, k) order
         return (y.float() * w[..., None]).sum(1).to(x.dtype)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
