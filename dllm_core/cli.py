@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="dllm", description="Diffusion LLM serving toolkit (embedded engine)")
     sub = p.add_subparsers(dest="cmd", required=True)
     g = sub.add_parser("generate", help="denoise a response for one or more prompts")
-    g.add_argument("--model", required=True, help="local HF checkpoint directory (LLaDA or Dream)")
+    g.add_argument("--model", required=True,
+                   help="local HF checkpoint directory (LLaDA, Dream or LLaDA2; LLaDA2: --block-length = its block_size)")
     g.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
     g.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
     g.add_argument("--json", action="store_true")
