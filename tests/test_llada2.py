@@ -179,6 +179,9 @@ def test_prompt_tail_shares_the_first_block(llada2):
     assert r.nfe == [3 * 8]
     r = generate(llada2, [PROMPTS[0] + [1, 2, 3]], gen_length=16, block_length=BL, steps=16, sampler="low_confidence")
     assert r.nfe == [2 * 8]  # an 8-token prompt: the answer fills grid blocks 1 and 2 exactly
+    both = generate(llada2, [PROMPTS[0] + [1, 2, 3], PROMPTS[0]], gen_length=16, block_length=BL, steps=16,
+                    sampler="low_confidence")  # the first row has nothing in the batch's last block
+    assert both.nfe == [16, 24] and torch.equal(both.tokens[0], r.tokens[0])
 
 
 def test_editing_off_is_the_plain_rule(llada2):

@@ -10,6 +10,7 @@ from dllm_core.tasks import Arithmetic, Sort
 
 ROOT = Path(__file__).resolve().parents[1] / "models"
 LLADA, DREAM, QWEN = ROOT / "llada-tasks", ROOT / "dream-tasks", ROOT / "qwen3-tasks"
+LLADA2 = ROOT / "llada2-tasks"
 N = 40  # test examples per task (the full 200-example numbers are in models/README.md)
 
 
@@ -54,6 +55,26 @@ def test_dream_layout_and_accuracy():
     for name, r in runs.items():
         assert r.accuracy >= 0.9, (name, r.accuracy, list(zip(r.texts, [e.answer for e in r.examples]))[:5])
         assert r.nfe == [r.task.gen_length] * N  # the vanilla loop: one token per step
+
+
+@need(LLADA2)
+def test_llada2_layout_and_accuracy():
+    """The LLaDA2-architecture task model (block-causal MoE, the published layout) with the vanilla loop:
+    blocks on the position grid, so a prompt whose length is not a multiple of the block decodes one
+    block more (steps / blocks fixed steps each)."""
+    from dllm_core import load_model
+    from dllm_core.models import LLaDA2MoeModelLM
+    from dllm_core.tasks.evaluate import evaluate
+
+    cfg = json.loads((LLADA2 / "config.json").read_text())
+    assert cfg["architectures"] == ["LLaDA2MoeModelLM"] and cfg["model_type"] == "llada2_moe"
+    model = load_model(LLADA2)
+    assert isinstance(model, LLaDA2MoeModelLM) and model.block_causal == Arithmetic.block_length
+    assert sum(f.stat().st_size for f in LLADA2.iterdir()) < 10 * 2**20
+    runs = evaluate(LLADA2, [Arithmetic(), Sort()], n=N, batch_size=N)
+    for name, r in runs.items():
+        assert r.accuracy >= 0.9, (name, r.accuracy, list(zip(r.texts, [e.answer for e in r.examples]))[:5])
+        assert set(r.nfe) <= {r.task.gen_length, r.task.gen_length + r.task.gen_length // 3}
 
 
 @need(QWEN)

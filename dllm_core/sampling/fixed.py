@@ -54,7 +54,7 @@ class FixedSchedule(Sampler):
         return st["n"] >= st["steps"]  # rows_done from the host counter (lock step): no device sync
 
     def active(self, st, masked):
-        return torch.ones_like(st["i"], dtype=torch.bool)
+        return st["m0"] > 0  # a block that began without masks (a block-causal row's padding) has no steps
 
     def n_transfer(self, st, masked) -> torch.Tensor:
         if self.schedule == "llada":
