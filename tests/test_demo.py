@@ -10,7 +10,7 @@ def test_demo_shows_marked_generations_and_the_table(capsys):
     from dllm_core.cli import main
 
     assert main(["demo", "--n", "2", "--tasks", "arithmetic;sort", "--samplers", "threshold:tau=0.9",
-                 "--caches", "none;dual", "--no-long"]) == 0
+                 "--caches", "none;dual", "--no-long", "--no-llada2"]) == 0
     out = capsys.readouterr().out
     lines = [ln for ln in out.splitlines() if ln.startswith("> [")]
     assert len(lines) == 4 and lines[0].startswith("> [arithmetic, 24-token canvas]")
@@ -20,3 +20,18 @@ def test_demo_shows_marked_generations_and_the_table(capsys):
     assert [r.split(" | ")[:2] for r in table] == [["| `low_confidence`", "`none`"], ["| `threshold:tau=0.9`", "`none`"],
                                                   ["| `threshold:tau=0.9`", "`dual`"]]
     assert "long answers" not in out and LONG_MODEL.name == "llada-long"
+
+
+def test_demo_llada2_part(capsys):
+    """With the shipped LLaDA2 task model the demo adds its part: generations and the table with token editing."""
+    from dllm_core.cli import main
+    from dllm_core.demo import LLADA2_MODEL
+
+    if not (LLADA2_MODEL / "config.json").is_file():
+        pytest.skip("models/llada2-tasks not shipped")
+    assert main(["demo", "--n", "2", "--tasks", "arithmetic", "--samplers", "threshold:tau=0.9", "--caches", "none",
+                 "--no-long"]) == 0
+    out = capsys.readouterr().out
+    part = out[out.index("LLaDA2MoeModelLM"):]
+    assert sum(ln.endswith("[ok]") for ln in part.splitlines()) >= 3
+    assert "| `threshold:tau=0.7,edit=0.9` | `prefix`" in part
