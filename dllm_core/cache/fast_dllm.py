@@ -9,7 +9,8 @@ On a block-causal model (LLaDA2) both are exact: no position sees a later block,
 blocks are final; a refresh then recomputes only from the start of the block of each row's previous range
 (the block just finished), the rest of its prefix K/V staying as written (a paged prefix cache); a SlowFast
 span recomputes its whole block (its positions see each other), and nothing after a row's window is
-computed (no position reads it): ``prefix`` and ``dual`` are then the same policy. The block-causal canvas puts block starts at multiples of the block length.
+computed (no position reads it): ``prefix`` and ``dual`` are then the same policy. The block-causal
+canvas puts block starts at multiples of the block length.
 On CUDA each (batch, window) shape runs as a replayed CUDA graph (``graphs=false`` for eager); K/V
 are written through position indices, so one graph serves every block offset.
 
@@ -45,21 +46,20 @@ class PrefixState(CacheState):
     def hidden(self, x, need, fresh, active=None):
         T = self.canvas.seq_len
         active = torch.ones_like(self.age, dtype=torch.bool) if active is None else active
-        if self.canvas.block_causal:  # a block's positions see each other: recompute a span's whole block
-            fresh = torch.stack([fresh[:, 0].div(self.canvas.block_len, rounding_mode="floor") * self.canvas.block_len,
-                                 fresh[:, 1]], -1)
-        bl = self.canvas.block_len  # block-causal: K/V before the block of a row's previous range are final
-        final = self.key[:, 0].clamp_min(0).div(bl, rounding_mode="floor") * bl
+        bc, bl = self.canvas.block_causal, self.canvas.block_len
+        if bc:  # a block's positions see each other: a SlowFast span recomputes its whole block
+            fresh = torch.stack([fresh[:, 0].div(bl, rounding_mode="floor") * bl, fresh[:, 1]], -1)
+        final = self.key[:, 0].clamp_min(0).div(bl, rounding_mode="floor") * bl  # bc: K/V before it are final
         refresh = self.policy.refresh(self.key, self.age, fresh, active)
-        lo, hi = fresh[:, 0], fresh[:, 1] if self.canvas.block_causal else self.policy.row_end(fresh, T)
+        lo, hi = fresh[:, 0], fresh[:, 1] if bc else self.policy.row_end(fresh, T)
         a_t = lo.masked_fill(~active, T).min().clamp(max=need[0])  # union of the rows' ranges and `need`
         b_t = hi.masked_fill(~active, 0).max().clamp(min=need[1])
         covered = (active & (lo <= a_t) & (hi >= b_t)).all()  # all rows write all of [a, b)
-        paged = final.masked_fill(~(active & refresh), T).min() if self.canvas.block_causal else a_t * 0
+        paged = final.masked_fill(~(active & refresh), T).min() if bc else a_t * 0
         any_refresh, a, b, all_refresh, all_cover, a_ref = torch.stack(
             [refresh.any(), a_t, b_t, (active & refresh).all(), covered, paged]).tolist()  # the step's one device sync
         if any_refresh:  # block-causal: nothing after the window is ever read
-            a, b = min(a_ref, a), b if self.canvas.block_causal else T
+            a, b = min(a_ref, a), b if bc else T
         p = torch.arange(a, b, device=x.device).expand(x.shape[0], -1)  # [B, n] absolute positions
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, n]
         if all_refresh if any_refresh else all_cover:

@@ -117,6 +117,17 @@ def block_causal_policy(cfg: GenerationConfig) -> GenerationConfig:
     return replace(cfg, cache=CanvasCache.from_spec(cfg.cache)) if cfg.cache.name == "dllm" else cfg
 
 
+def _canvas(model: DiffusionLM, prompts, cfg: GenerationConfig, mask_id: int, dev):
+    """-> x [B, T], attention mask, positions [B, T], first decoded column, blocks, answer start per row [B]:
+    the left-padded canvas (bidirectional models) or the block grid (block-causal ones)."""
+    pad = model.args.pad_token_id if model.args.pad_token_id is not None else mask_id
+    if model.block_causal:
+        x, keep, pos, s0, n_blocks, starts = build_block_canvas(prompts, cfg, mask_id, pad, dev)
+        return x, block_causal_mask(keep, pos, cfg.block_length), pos, s0, n_blocks, starts
+    x, keep, pos, P = build_canvas(prompts, cfg, mask_id, pad, dev)
+    return x, keep, pos, P, cfg.num_blocks, torch.full((len(prompts),), P, device=dev)
+
+
 def _rows(fresh, active, cfg_rows):
     """Per-row policy inputs, duplicated for the unconditional CFG rows."""
     return (fresh.repeat(2, 1), active.repeat(2)) if cfg_rows else (fresh, active)
@@ -132,13 +143,7 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     if model.block_causal:
         cfg = block_causal_policy(cfg)
     dev = model.embed.weight.device
-    pad = model.args.pad_token_id if model.args.pad_token_id is not None else mask_id
-    if model.block_causal:
-        x, keep2, pos, P, n_blocks, starts = build_block_canvas(prompts, cfg, mask_id, pad, dev)
-        keep = block_causal_mask(keep2, pos, cfg.block_length)
-    else:
-        x, keep, pos, P = build_canvas(prompts, cfg, mask_id, pad, dev)
-        n_blocks, starts = cfg.num_blocks, torch.full((len(prompts),), P, device=dev)
+    x, keep, pos, P, n_blocks, starts = _canvas(model, prompts, cfg, mask_id, dev)
     B, T = x.shape
     gen = torch.Generator(dev).manual_seed(cfg.seed)
     tc = TokenContext(mask_id, cfg.temperature, cfg.top_p, cfg.top_k, model.args.eos_token_id, cfg.eot_id,
@@ -151,8 +156,8 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     cache = policy.begin(model, canvas)
     st = sampler.new_state(B, cfg.block_length, cfg.steps_per_block, dev)
     nfe = torch.zeros(B, dtype=torch.long, device=dev)
-    col = torch.arange(T, device=dev)
-    prompt_pos = (col < starts[:, None]) & (col >= starts[:, None] - torch.tensor([len(p) for p in prompts], device=dev)[:, None])
+    col, lens = torch.arange(T, device=dev), torch.tensor([len(p) for p in prompts], device=dev)
+    prompt_pos = (col < starts[:, None]) & (col >= (starts - lens)[:, None])  # [B, T]
     shift = int(model.shift_logits)
     t0 = time.perf_counter()
     try:
