@@ -151,14 +151,15 @@ def init_state(model: DiffusionLM, cfg: MDMTrainConfig) -> dict[str, torch.Tenso
 
 
 def build(cfg: MDMTrainConfig, ids: dict) -> tuple[DiffusionLM, dict]:
-    """Fresh LLaDA / Dream model (``cfg.arch``) + its config.json dict, small-std init (zero biases)."""
+    """Fresh LLaDA / Dream / LLaDA2 model (``cfg.arch``) + its config.json dict, small-std init (zero biases)."""
     sizes = dict(dim=cfg.dim, n_layers=cfg.n_layers, n_heads=cfg.n_heads, n_kv_heads=cfg.n_kv_heads,
                  ffn=cfg.ffn, max_len=cfg.max_len)
     cls = {"llada": LLaDAModelLM, "dream": DreamModel, "llada2": LLaDA2MoeModelLM}[cfg.arch]
     if cfg.arch == "llada2":
+        groups = 2 if cfg.experts % 2 == 0 and cfg.experts >= 4 else 1  # grouped routing, as LLaDA2-mini's
+        kept = 1 if groups == 2 and cfg.experts // 2 >= cfg.top_k else groups  # one group when it holds top_k
         sizes.update(head_dim=cfg.dim // cfg.n_heads, experts=cfg.experts, top_k=cfg.top_k, moe_ffn=cfg.moe_ffn,
-                     block_size=cfg.block_size, n_group=2 if cfg.experts % 2 == 0 and cfg.experts >= 4 else 1,
-                     topk_group=1 if cfg.experts >= 4 * cfg.top_k else 2 if cfg.experts % 2 == 0 and cfg.experts >= 4 else 1)
+                     block_size=cfg.block_size, n_group=groups, topk_group=kept)
         sizes["n_kv_heads"] = sizes["n_kv_heads"] or cfg.n_heads
         hf = llada2_config(ids["raw"], **sizes)
     else:
