@@ -47,6 +47,17 @@ CHANGES: dict[str, list[tuple[str, str, str]]] = {
         "            not _is_npu\n            and self.rotary_emb.cos_sin_cache.is_cuda\n"
         "            and not self.use_gemma_norm",
     )],
+    "sglang.srt.layers.quantization.unquant": [(
+        "the CPU MoE path drops routed_scaling_factor, which SGLang's GPU runners apply to the routed experts' "
+        "output (LLaDA2: 2.5); without it the model computes another function on CPU",
+        "                topk_output,\n                moe_runner_config,\n            )\n"
+        "            return StandardCombineInput(hidden_states=output)",
+        "                topk_output,\n                moe_runner_config,\n            )\n"
+        "            factor = moe_runner_config.routed_scaling_factor\n"
+        "            if factor not in (None, 1.0) and not layer.should_fuse_routed_scaling_factor_in_topk:\n"
+        "                output = output * factor\n"
+        "            return StandardCombineInput(hidden_states=output)",
+    )],
     "sglang.srt.layers.attention.torch_native_backend": [(
         "the torch-native backend has no TARGET_VERIFY mode (speculative verification, DFlash's draft block): "
         "such a batch carries no extend_* lengths; target_verify.py attends each request's new tokens to its "

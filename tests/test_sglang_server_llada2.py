@@ -1,0 +1,47 @@
+"""SGLang's real server runtime serving LLaDA2 (SGLang's own ``LLaDA2MoeModelLM``, its config read through
+our plugin, no remote code) on this CPU through ``tests/sglang_harness``: our ``DllmCore`` with LLaDA2.1
+token editing and SGLang's own ``JointThreshold`` answer concurrent requests of different prompt lengths
+with the embedded engine's tokens."""
+import concurrent.futures as cf
+
+import pytest
+import torch
+import yaml
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from sglang_harness.server import SGLangServer  # noqa: E402
+
+GEN, EOS, MASK = 16, 1, 5
+PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57)), list(range(60, 68))]
+SERVED = {  # --dllm-algorithm, its YAML (block_size: the checkpoint's), the embedded sampler
+    "DllmCore-editing": ("DllmCore", {"sampler": "threshold:tau=0.5,edit=0.5,post_edit=4"},
+                         "threshold:tau=0.5,edit=0.5,post_edit=4"),
+    "JointThreshold": ("JointThreshold", {"threshold": 0.5, "edit_threshold": 0.5, "max_post_edit_steps": 4},
+                       "threshold:tau=0.5,edit=0.5,post_edit=4"),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("srv_llada2"), "llada2")
+
+
+@pytest.mark.parametrize("name", list(SERVED))
+def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, name):
+    algo, cfg, sampler = SERVED[name]
+    (tmp_path / "algo.yaml").write_text(yaml.safe_dump(cfg))
+    model = load_model(checkpoint)
+    want = generate(model, PROMPTS, GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler))
+    with SGLangServer(checkpoint, "--dtype", "float32", "--dllm-algorithm", algo, "--dllm-algorithm-config",
+                      str(tmp_path / "algo.yaml"), log=tmp_path / "server.log") as srv:
+        with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = [o["output_ids"] for o in pool.map(lambda p: srv.generate(p, GEN), PROMPTS)]
+    for g, ref in zip(got, want.tokens.tolist()):
+        stop = ref.index(EOS) + 1 if EOS in ref else GEN  # SGLang stops at EOS
+        assert g == ref[:stop], (name, g, ref)
+    assert not torch.equal(want.tokens, generate(model, PROMPTS, GenerationConfig(
+        gen_length=GEN, block_length=8, steps=GEN, sampler="threshold:tau=0.5")).tokens)  # the editing shows
