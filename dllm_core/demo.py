@@ -3,7 +3,7 @@ shows a few generations on test-split prompts and the quick ``dllm bench`` table
 NFE per token, speed and agreement relative to the vanilla loop for every sampler x cache policy, all
 measured in one run. With the shipped long-answer model (``models/llada-long``) it then solves the
 long-answer tasks (a 256-token canvas, blocks of 32) and measures the papers' pairs there; with the shipped
-LLaDA2 task model (``models/llada2-tasks``) it shows the block-causal MoE with token editing. Without a
+LLaDA2 task model (``models/llada2-tasks``) it shows the block-causal MoE and its exact caches. Without a
 trained model (or with ``--random``) it builds tiny random LLaDA and
 Dream checkpoints and compares the policies on fixed prompts (agreement instead of accuracy)."""
 from __future__ import annotations
@@ -19,7 +19,7 @@ PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 SHOW = 2  # generations shown per task
 LONG = {"canvas": 256, "n": 2, "samplers": "threshold:tau=0.9;slowfast", "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
 LLADA2_MODEL = Path(__file__).resolve().parents[1] / "models" / "llada2-tasks"
-LLADA2 = {"n": 4, "samplers": "low_confidence;threshold:tau=0.9;threshold:tau=0.7,edit=0.9", "caches": "none;prefix;dllm:kr=2"}
+LLADA2 = {"n": 4, "samplers": "low_confidence;threshold:tau=0.9;slowfast", "caches": "none;prefix;dllm:kr=2"}
 
 
 def add_parser(sub) -> None:
@@ -102,5 +102,5 @@ def cmd_demo(a) -> int:
         if a.model is None and not a.no_llada2 and (LLADA2_MODEL / "config.json").is_file():
             print()
             task_demo(a, LLADA2_MODEL, QUICK["tasks"].replace(";retrieval:pairs=30", ""), LLADA2["n"],
-                      LLADA2["samplers"], LLADA2["caches"], "block-causal MoE, LLaDA2.1 token editing: ")
+                      LLADA2["samplers"], LLADA2["caches"], "block-causal MoE (LLaDA2 layout): ")
     return 0

@@ -120,3 +120,29 @@ def test_launch_reads_the_checkpoint_block_and_refuses_another(tmp_path):
     (published / "config.json").write_text(json.dumps(raw))
     cfg = config("sampler: low_confidence\n", published)
     assert (cfg.block_size, cfg.mask_id) == (32, 156895)
+
+
+SHIPPED = __import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "llada2-tasks"
+
+
+@pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/llada2-tasks not shipped")
+def test_shipped_model_in_sglang_keeps_its_accuracy():
+    """The shipped LLaDA2 task model on SGLang's own class, 16 held-out arithmetic prompts in flight: our
+    FastDllmThreshold decodes the embedded engine's tokens, so its accuracy (>= 90 %) is the embedded one's."""
+    from dllm_core import load_tokenizer
+    from dllm_core.cli import stop_ids
+    from dllm_core.tasks import make_task
+    from dllm_core.tasks.evaluate import accuracy, generate_batched, prompts_of, task_config
+
+    register_configs()
+    sg, ref, tok = load_sglang_model(SHIPPED), load_model(SHIPPED, dtype=torch.float32), load_tokenizer(SHIPPED)
+    task = make_task("arithmetic")
+    examples = task.examples("test", 16)
+    prompts = prompts_of(tok, examples)
+    want = [list(t) for t in generate_batched(ref, prompts, task_config(task, "threshold:tau=0.9"), batch_size=16).tokens]
+    algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.9}, L, ref.args.mask_token_id, 16))
+    got = BlockDriver(algo, CpuModelRunner(sg, max_len=128, max_reqs=16)).generate(prompts, task.gen_length,
+                                                                                  ref.args.mask_token_id)
+    assert got == want
+    stop = stop_ids(tok, ref)
+    assert accuracy(task, tok, stop, examples, got) >= 0.9
