@@ -26,6 +26,11 @@ def dream_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def llada2_dir(tmp_path_factory):
+    return build_tiny_checkpoint(tmp_path_factory.mktemp("llada2"), "llada2")
+
+
+@pytest.fixture(scope="session")
 def llada(llada_dir):
     return load_model(llada_dir)
 

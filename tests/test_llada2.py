@@ -20,12 +20,7 @@ PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57))]  # 5, 11
 
 
 @pytest.fixture(scope="module")
-def llada2_dir(tmp_path_factory):
-    return build_tiny_checkpoint(tmp_path_factory.mktemp("llada2"), "llada2")
-
-
-@pytest.fixture(scope="module")
-def llada2(llada2_dir):
+def llada2(llada2_dir):  # llada2_dir: tests/conftest.py
     return load_model(llada2_dir)
 
 

@@ -22,10 +22,9 @@ PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57))]  # the p
 
 
 @pytest.fixture(scope="module")
-def models(tmp_path_factory):
+def models(llada2_dir):
     register_configs()
-    d = build_tiny_checkpoint(tmp_path_factory.mktemp("sg_llada2"), "llada2")
-    return load_sglang_model(d), load_model(d)
+    return load_sglang_model(llada2_dir), load_model(llada2_dir)
 
 
 def test_sglang_class_computes_the_native_logits(models):
