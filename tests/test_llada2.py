@@ -13,7 +13,6 @@ from dllm_core import load_model
 from dllm_core.engine import GenerationConfig, generate
 from dllm_core.engine.step import denoise_step
 from dllm_core.sampling import TokenContext, make_sampler
-from dllm_core.testing import build_tiny_checkpoint
 
 BL = 8  # the tiny checkpoint's block_size
 PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57))]  # 5, 11, 17 tokens: 3 grid offsets
