@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .config import ModelArgs, _req
-from .layers import Block, RMSNorm, Rope
+from .layers import Block, RMSNorm, Rope, RotaryEmbedding
 from .transformer import DiffusionLM
 
 MASK_ID = 156895    # LLaDA2's [MASK] (the published tokenizer); config.json may name another
@@ -254,6 +254,10 @@ class LLaDA2MoeModelLM(DiffusionLM):
     @property
     def block_causal(self) -> int:
         return self.args.block_size
+
+    @classmethod
+    def rotary_for(cls, args: LLaDA2Args) -> RotaryEmbedding:
+        return RotaryEmbedding(args.rotary_dim, args.rope_theta)  # the first rotary_dim dims of each head
 
     @classmethod
     def fold_hf(cls, sd: dict[str, torch.Tensor], args: LLaDA2Args) -> dict[str, torch.Tensor]:

@@ -42,7 +42,8 @@ class DiffusionLM(nn.Module):
 
     @classmethod
     def rotary_for(cls, args: ModelArgs) -> RotaryEmbedding:
-        return RotaryEmbedding(getattr(args, "rotary_dim", args.head_dim), args.rope_theta)
+        """RoPE over each head's dimensions (LLaDA2 overrides: its rotary part only)."""
+        return RotaryEmbedding(args.head_dim, args.rope_theta)
 
     @classmethod
     def fold_hf(cls, sd: dict[str, torch.Tensor], args: ModelArgs) -> dict[str, torch.Tensor]:
