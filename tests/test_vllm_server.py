@@ -2,12 +2,6 @@
 completions with the canvas reference's tokens, takes per-request options (Fast-dLLM's dual cache
 among them) through ``vllm_xargs``,
 and rejects a bad option with HTTP 400 while it keeps serving."""
-import json
-import socket
-import time
-import urllib.error
-import urllib.request
-
 import pytest
 
 from dllm_core import GenerationConfig, generate, load_model
@@ -15,49 +9,16 @@ from dllm_core.engine import generate_in_canvases
 from dllm_core.cache.canvas import CanvasCache
 
 pytest.importorskip("vllm")
-from vllm_harness.jobs import CANVAS, start_server, stop, tiny_checkpoint  # noqa: E402
+from vllm_harness.jobs import CANVAS, post, serving, tiny_checkpoint  # noqa: E402
 
 PROMPT = [30, 31, 32, 33, 34]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = tiny_checkpoint(tmp_path_factory.mktemp("vllm_srv"), "llada")
-    port = free_port()
-    proc = start_server(model, port, "--dllm-sampler", "threshold:tau=0.7", "--dllm-cache", "none")
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 400
-        while time.time() < deadline:
-            if proc.poll() is not None:
-                pytest.fail(f"server exited ({proc.returncode}):\n{proc.stdout.read()[-6000:]}")
-            try:
-                with urllib.request.urlopen(url + "/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                time.sleep(1)
-        else:
-            pytest.fail("server did not come up in 400 s")
+    with serving(model, "--dllm-sampler", "threshold:tau=0.7", "--dllm-cache", "none") as url:
         yield url, model, load_model(model)
-    finally:
-        stop(proc)
-
-
-def post(url: str, body: dict) -> tuple[int, dict]:
-    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
-                                 headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=120) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as e:
-        return e.code, json.loads(e.read())
 
 
 def complete(server, **xargs):

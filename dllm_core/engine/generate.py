@@ -8,8 +8,9 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from ..cache import Canvas, CanvasCache, Counters
+from ..cache import CachePolicy, Canvas, CanvasCache, Counters, PrefixCache
 from ..models import DiffusionLM
+from ..options import OptionError
 from ..sampling import TokenContext
 from .config import GenerationConfig
 from .step import mask_in_prompt, plan_step, take_step
@@ -109,6 +110,27 @@ def check_block_causal(model: DiffusionLM, cfg: GenerationConfig) -> None:
     if isinstance(cfg.cache, CanvasCache) and cfg.cache.blocks != 1:
         raise ValueError(f"--cache canvas.blocks={cfg.cache.blocks}: a block-causal {type(model).__name__} "
                          f"decodes one block per canvas (blocks=1)")
+
+
+PAGED_BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual")  # a paged host keeps earlier blocks' K/V: all exact there
+
+
+def grid_canvas_width(n_tokens: int, block: int) -> int:
+    """A paged host's next canvas for a block-causal model holding ``n_tokens`` tokens: the positions to the end
+    of the grid block that holds position ``n_tokens`` (after a prompt, its tail block decoded with the first
+    answer tokens, as ``build_block_canvas`` lays it out; then whole blocks)."""
+    return block - n_tokens % block
+
+
+def check_paged_block_causal(block_size: int, block_length: int | None, cache: CachePolicy) -> None:
+    """The options a paged host serves a block-causal model with: blocks of its training size and a cache that
+    keeps the block-causal prefix exact (the paged K/V of earlier blocks are final)."""
+    if block_length is not None and block_length != block_size:
+        raise OptionError("block_length", f"{block_length} does not match the checkpoint's block_size {block_size} "
+                                          f"(the model attends block-causally over blocks of {block_size})")
+    if not (isinstance(cache, PrefixCache) or (isinstance(cache, CanvasCache) and cache.exact)):  # none: exact canvas
+        raise OptionError("cache", f"{cache.name} is not served for a block-causal model; allowed: "
+                                   f"{list(PAGED_BLOCK_CAUSAL_CACHES)}")
 
 
 def block_causal_policy(cfg: GenerationConfig) -> GenerationConfig:

@@ -1,18 +1,20 @@
-"""vLLM adapter: serve LLaDA (``LLaDAModelLM``) and Dream (``DreamModel``) through vLLM's native
-discrete-diffusion pathway (Model Runner V2) with dllm_core's samplers and canvas cache policy.
+"""vLLM adapter: serve LLaDA (``LLaDAModelLM``), Dream (``DreamModel``) and LLaDA2 (``LLaDA2MoeModelLM``,
+block-causal MoE) through vLLM's native discrete-diffusion pathway (Model Runner V2) with dllm_core's samplers
+and canvas cache policy.
 
 Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point ``dllm``
 (``register``). Host vocabulary only: decisions are dllm_core's (see ``docs/vllm.md``).
 
 Modules: ``configs`` (HF configs + vLLM config hook), ``options`` (server-wide / per-request
 options and their admission check), ``renderer`` (prompt admission), ``model`` (the models on vLLM
-layers), ``state`` (ModelState + per-request diffusion state), ``sampler`` (the custom sampler),
+layers; ``llada2``: LLaDA2 on vLLM's Bailing-MoE layers), ``state`` (ModelState + per-request diffusion state), ``sampler`` (the custom sampler),
 ``serve`` (``vllm serve`` with ``--dllm-sampler`` / ``--dllm-cache``).
 """
 from __future__ import annotations
 
 ARCHITECTURES = {"LLaDAModelLM": "integrations.vllm.model:LLaDAForDiffusion",
-                 "DreamModel": "integrations.vllm.model:DreamForDiffusion"}
+                 "DreamModel": "integrations.vllm.model:DreamForDiffusion",
+                 "LLaDA2MoeModelLM": "integrations.vllm.llada2:LLaDA2ForDiffusion"}
 
 _registered = False
 

@@ -33,11 +33,29 @@ class DreamConfig(hf_config.DreamConfig):
         super().__init__(mask_token_id=mask_token_id, **kw)
 
 
+class LLaDA2Config(hf_config.LLaDA2MoeConfig):
+    """LLaDA2.0 / 2.1 + ``canvas_length`` (the checkpoint's ``block_size``: one grid block per canvas), under the
+    names vLLM's Bailing-MoE layers read (RMS q/k norms, ``rope_parameters``); mask id defaults to the published
+    one."""
+
+    def __init__(self, mask_token_id=156895, block_size=32, canvas_length=None, use_rmsnorm=True, **kw):
+        self.canvas_length = canvas_length or block_size
+        self.block_size, self.use_rmsnorm = block_size, use_rmsnorm
+        super().__init__(mask_token_id=mask_token_id, **kw)
+        if not isinstance(getattr(self, "rope_parameters", None), dict):
+            self.rope_parameters = {"rope_type": "default", "rope_theta": self.rope_theta}
+
+
+def block_causal_size(hf) -> int | None:
+    """The block a served model attends block-causally over (LLaDA2's ``block_size``), else None."""
+    return hf.block_size if isinstance(hf, LLaDA2Config) else None
+
+
 def register_configs() -> None:
-    """Make ``AutoConfig`` resolve both model types locally (no trust_remote_code)."""
+    """Make ``AutoConfig`` resolve the model types locally (no trust_remote_code)."""
     from transformers import AutoConfig
 
-    for cls in (LLaDAConfig, DreamConfig):
+    for cls in (LLaDAConfig, DreamConfig, LLaDA2Config):
         AutoConfig.register(cls.model_type, cls, exist_ok=True)
 
 
@@ -62,6 +80,11 @@ def config_hook():
                 vllm_config.diffusion_config = DiffusionConfig(
                     canvas_length=getattr(mc.hf_config, "canvas_length", None) or DEFAULT_CANVAS)
             SERVED["canvas_length"] = vllm_config.diffusion_config.canvas_length
+            SERVED["block_causal"] = block = block_causal_size(mc.hf_config)
+            if block is not None and SERVED["canvas_length"] != block:
+                raise ValueError(f"--diffusion-config canvas_length {SERVED['canvas_length']} must equal the "
+                                 f"checkpoint's block_size {block} ({type(mc.hf_config).__name__} attends "
+                                 f"block-causally: one grid block per canvas)")
             SERVED["defaults"] = DllmOptions.from_additional_config(vllm_config.additional_config)  # fail fast
             # The prompt is prefilled bidirectionally: its K/V depend on the whole prompt, so a
             # prompt must be prefilled in one chunk and never shared through prefix caching.

@@ -124,10 +124,22 @@ def _attention_of(ext):
         ctx.attn_metadata, ctx.slot_mapping = saved
 
 
+def extend_rows(ext, x: torch.Tensor, positions: torch.Tensor, embed):
+    """The step's rows x [N, d] / positions [N] with the extension's extra prefix rows placed among them
+    -> [N_ext, d], [N_ext] (no padding rows are carried into the extended batch)."""
+    n = ext.orig.shape[0]
+    xe = x.new_empty(ext.n_tokens, x.shape[-1])
+    xe[ext.orig], xe[ext.rows] = x[:n], embed(ext.ids)
+    pe = positions.new_empty(ext.n_tokens)
+    pe[ext.orig], pe[ext.rows] = positions[:n], ext.pos.to(positions.dtype)
+    return xe, pe
+
+
 class DllmForDiffusion(nn.Module):
     """Bidirectional masked-diffusion LM over vLLM's paged KV (subclassed per architecture)."""
 
     native: type = LLaDAModelLM  # dllm_core class: sizes, key names, logit shift
+    block_causal = 0  # bidirectional over the whole sequence
 
     @staticmethod
     def get_model_state_cls():
@@ -154,6 +166,11 @@ class DllmForDiffusion(nn.Module):
     def shift_logits(self) -> bool:
         return self.native.shift_logits
 
+    @property
+    def feature_shape(self) -> tuple[int, int]:
+        """(layers, K/V width per rank) of the response-side feature store."""
+        return len(self.layers), self.layers[0].kv_size
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed(input_ids)
 
@@ -163,7 +180,7 @@ class DllmForDiffusion(nn.Module):
         plan = self.dllm_state.plan if self.dllm_state is not None else None
         ext = plan.ext if plan is not None else None
         if ext is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
-            x, positions = self._extend(ext, x, positions)
+            x, positions = extend_rows(ext, x, positions, self.embed)
         cached = plan.cached if plan is not None else None
         tally = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)  # full-layer runs per row
         with _attention_of(ext):
@@ -179,14 +196,6 @@ class DllmForDiffusion(nn.Module):
         if plan is not None and plan.capture_rows is not None:
             self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
         return h if ext is None else h[ext.orig]
-
-    def _extend(self, ext, x: torch.Tensor, positions: torch.Tensor):
-        n = ext.orig.shape[0]  # scheduled rows (no padding rows are carried into the extended batch)
-        xe = x.new_empty(ext.n_tokens, x.shape[-1])
-        xe[ext.orig], xe[ext.rows] = x[:n], self.embed(ext.ids)
-        pe = positions.new_empty(ext.n_tokens)
-        pe[ext.orig], pe[ext.rows] = positions[:n], ext.pos.to(positions.dtype)
-        return xe, pe
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)

@@ -9,11 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from dllm_core.cache import CachePolicy, DLLMCache, PrefixCache, host_cache
+from dllm_core.engine.generate import check_paged_block_causal
 from dllm_core.options import OptionError, check_value
 from dllm_core.sampling import Sampler, make_sampler
 
 PREFIX = "dllm_"
-SERVED = {"canvas_length": None, "defaults": None}  # set by the config hook in every process that builds a config
+SERVED = {"canvas_length": None, "block_causal": None, "defaults": None}  # set by the config hook in every process that builds a config
 
 
 @dataclass(frozen=True)
@@ -26,7 +27,9 @@ class DllmOptions:
     ``confidence_eos_eot_inf``: LLaDA-Instruct's EOS / EOT suppression (``eot_id``: the EOT token);
     ``stream``: emit each block as soon as it is decoded, the next canvas being the rest of the response
     (prefix / dual / dllm caches; with ``canvas_length >= max_tokens`` the embedded engine's output);
-    ``seed``: seeds the server's generator for sampled proposals (server-wide only)."""
+    ``seed``: seeds the server's generator for sampled proposals (server-wide only).
+    A block-causal model (LLaDA2) is served one grid block per canvas: ``block_length`` its ``block_size``,
+    ``cache`` one of none / prefix / dual (all exact there: earlier blocks' paged K/V are final)."""
 
     sampler: str = "low_confidence"
     cache: str = "dual"  # quality-preserving default: Fast-dLLM's DualCache
@@ -42,6 +45,8 @@ class DllmOptions:
     def __post_init__(self):
         make_sampler(self.sampler)
         cache = host_cache(self.cache)
+        if SERVED["block_causal"]:
+            check_paged_block_causal(SERVED["block_causal"], self.block_length, cache)
         if self.stream and not isinstance(cache, (PrefixCache, DLLMCache)):
             raise OptionError("stream", f"needs a cache that refreshes the prefix (prefix, dual, dllm), got cache "
                               f"{self.cache!r}")

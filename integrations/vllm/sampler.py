@@ -1,4 +1,4 @@
-"""The dllm sampler: vLLM's custom sampler for LLaDA / Dream, delegating every decision to
+"""The dllm sampler: vLLM's custom sampler for LLaDA / Dream / LLaDA2, delegating every decision to
 dllm_core's samplers (``Sampler.begin_block`` / ``step``).
 
 Per step, for each request in the batch:
@@ -87,21 +87,21 @@ class DllmSampler:
         touched = slots[prefilled | commit | denoise]
         if len(touched):
             idx = torch.as_tensor(touched, dtype=torch.long, device=st.device)
-            self.req_states.draft_tokens[idx, :st.canvas_len] = st.canvas[idx]
+            self.req_states.draft_tokens[idx, :st.canvas_len] = st.scheduled(touched)
         return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
 
     def _emit(self, rows: np.ndarray, slots, nlog, sampled, num_sampled) -> np.ndarray:
         """Commit step: emit each finished canvas (its first ``nlog`` positions; streaming: its block)."""
         st = self.states
-        idx = torch.as_tensor(slots[rows], dtype=torch.long, device=st.device)
         n_emit = np.array([st.emit_length(s, v) for s, v in zip(slots[rows], nlog[rows])], dtype=np.int64)
         valid = torch.as_tensor(n_emit, dtype=torch.long, device=st.device)
         keep = torch.arange(st.canvas_len, device=st.device) < valid[:, None]
         r = torch.as_tensor(rows, dtype=torch.long, device=st.device)
-        sampled[r] = torch.where(keep, st.canvas[idx], 0).to(sampled.dtype)
+        canvas = st.scheduled(slots[rows])  # [m, L]
+        sampled[r] = torch.where(keep, canvas, 0).to(sampled.dtype)
         num_sampled[r] = valid.to(num_sampled.dtype)
-        for s, v, toks in zip(slots[rows], n_emit, st.canvas[idx].tolist()):
+        for s, v, toks in zip(slots[rows], n_emit, canvas.tolist()):
             st.tokens[s].extend(toks[:v])  # the prefix a later refresh re-runs
             st.response_left[s] -= v
         return n_emit
@@ -127,12 +127,14 @@ class DllmSampler:
         idx = torch.as_tensor(sl, dtype=torch.long, device=dev)
         valid = torch.as_tensor(nlog[rows], dtype=torch.long, device=dev)
         pos = torch.arange(L, device=dev)
-        src = torch.as_tensor(cu[rows], dtype=torch.long, device=dev)[:, None] + torch.minimum(pos, valid[:, None] - 1)
+        off = torch.as_tensor(st.offset[sl], device=dev)[:, None]  # [m, 1] canvas column of the first logit row
+        src = torch.as_tensor(cu[rows], dtype=torch.long, device=dev)[:, None] + torch.clamp(
+            torch.minimum(pos - off, valid[:, None] - 1), min=0)  # a block-causal prompt tail: never decoded
         lg = logits[src].float()  # [m, L, V]
         if self.model.shift_logits:  # Dream: position i is predicted by row i - 1
             lg = shift_right(self.model.compute_logits(st.last_hidden[idx]).float(), lg)
         x = st.canvas[idx]  # [m, L]
-        x = torch.where(pos < valid[:, None], x, st.pad_id)  # a canvas cut at max_model_len
+        x = torch.where(pos < off + valid[:, None], x, st.pad_id)  # a canvas cut at max_model_len
         win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
         ss = st.sampler_states(pol)  # rows starting a block had begin_block before the forward

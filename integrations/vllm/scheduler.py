@@ -6,20 +6,31 @@ canvas. Selected by the config hook (``scheduler_cls``, a vLLM option; no patch)
 extends past the request's ``max_tokens``, i.e. the request's response region is exactly
 ``max_tokens`` positions, as ``gen_length`` is in the embedded engine. With ``stream`` requests a
 commit emits one block and the next canvas is the rest of the response (the masked suffix of
-Fast-dLLM's DualCache stays in the canvas).
+Fast-dLLM's DualCache stays in the canvas). A block-causal model (LLaDA2) decodes one grid block per canvas,
+the last one whole (as the embedded engine does): its canvas runs to the end of its grid block and the commit's
+tokens past ``max_tokens`` are cut by vLLM's stop check.
 """
 from __future__ import annotations
 
+from dllm_core.engine.generate import grid_canvas_width
+
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
+
+from .configs import block_causal_size
 
 
 class DllmScheduler(DiffusionScheduler):
+    def __init__(self, vllm_config, *args, **kwargs):
+        super().__init__(vllm_config, *args, **kwargs)
+        self.block_causal = block_causal_size(vllm_config.model_config.hf_config)
+
     def update_draft_token_ids(self, draft_token_ids) -> None:
         for i, (req_id, ids) in enumerate(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)):
             request = self.requests.get(req_id)
             if request is None:
                 continue
-            left = request.num_prompt_tokens + request.max_tokens - request.num_tokens
+            left = (grid_canvas_width(request.num_tokens, self.block_causal) if self.block_causal else
+                    request.num_prompt_tokens + request.max_tokens - request.num_tokens)
             if 0 < left < len(ids):
                 draft_token_ids.draft_token_ids[i] = ids[:left]
         super().update_draft_token_ids(draft_token_ids)

@@ -28,6 +28,7 @@ import torch
 
 from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache
 from dllm_core.cache.executor import CachedStep, FeatureStore, NoFeatures, Region
+from dllm_core.engine.generate import grid_canvas_width
 from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
@@ -120,22 +121,25 @@ class StepPlan:
     cached: CachedStep | None = None
     ext: Extension | None = None
     row_slots: torch.Tensor | None = None  # [N] request slot of each row of the forward (work accounting)
+    prefill: list[tuple[int, int]] | None = None  # block-causal models: (first row, rows) of each prompt prefill
 
 
 class DllmStates:
     """Per-slot diffusion state shared by the ModelState, the model and the sampler."""
 
-    def __init__(self, vllm_config, args, max_reqs: int, device):
+    def __init__(self, vllm_config, args, max_reqs: int, device, block_causal: int = 0):
         self.canvas_len = vllm_config.diffusion_config.canvas_length
+        self.block_causal = block_causal  # grid block of a block-causal model (LLaDA2), 0: bidirectional
         self.max_reqs, self.device, self.args = max_reqs, device, args
         self.mask_id = args.mask_token_id
         if self.mask_id is None:
             raise ValueError("config.json: mask_token_id is required to serve a masked diffusion model")
         self.pad_id = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
-        SERVED["canvas_length"] = self.canvas_len
+        SERVED["canvas_length"], SERVED["block_causal"] = self.canvas_len, block_causal or None
         self.defaults = DllmOptions.from_additional_config(vllm_config.additional_config)
         self.canvas = torch.full((max_reqs, self.canvas_len), self.mask_id, dtype=torch.long, device=device)
         self.phase = np.zeros(max_reqs, dtype=np.int8)
+        self.offset = np.zeros(max_reqs, dtype=np.int64)  # canvas column of the first scheduled position
         self.progress = BlockProgress(max_reqs)  # block of the canvas, denoise steps in it
         self.policy: list[RequestPolicy | None] = [None] * max_reqs
         self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
@@ -163,6 +167,8 @@ class DllmStates:
     def add(self, slot: int, sampling_params, prompt: list[int], req_id: str | None = None) -> None:
         opts = self.defaults.with_request(getattr(sampling_params, "extra_args", None))
         pol = RequestPolicy.resolve(opts, sampling_params, self.canvas_len)
+        if self.block_causal:  # every admitted cache is exact there: one execution serves them all
+            pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         if pol.cached and not pol.fast_dllm and self.tp > 1:  # V-verify picks per shard would differ
             logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
@@ -205,8 +211,18 @@ class DllmStates:
                             pol.logits_eos_inf, pol.confidence_eos_eot_inf, self.generator)
 
     def canvas_width(self, slot: int) -> int:
-        """Width of the slot's next canvas: the served length, cut at max_tokens (``DllmScheduler``)."""
+        """Width of the slot's next canvas (``DllmScheduler``): the served length cut at max_tokens, or for a
+        block-causal model the rest of the grid block (decoded whole, cut when emitted)."""
+        if self.block_causal:
+            return grid_canvas_width(len(self.tokens[slot]), self.block_causal)
         return int(min(self.canvas_len, max(self.response_left[slot], 1)))
+
+    def scheduled(self, slots: np.ndarray) -> torch.Tensor:
+        """The canvases of ``slots`` from their first scheduled position: [m, canvas_len] (a block-causal
+        canvas holds its grid block's prompt tail in the columns before ``offset``; later columns repeat)."""
+        off = torch.as_tensor(self.offset[slots], device=self.device)
+        cols = (off[:, None] + torch.arange(self.canvas_len, device=self.device)).clamp(max=self.canvas_len - 1)
+        return self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)].gather(1, cols)
 
     def emit_length(self, slot: int, valid: int) -> int:
         """Tokens a commit emits: the canvas, or its first block when streaming."""
@@ -219,20 +235,25 @@ class DllmStates:
         idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
         self.canvas[idx] = self.mask_id
         self.phase[slots] = DENOISE
+        if self.block_causal:  # the grid block's prompt tail before the masks
+            for s in slots:
+                self.offset[s] = tail = self.canvas_len - self.canvas_width(s)
+                if tail:
+                    self.canvas[s, :tail] = torch.tensor(self.tokens[s][-tail:], device=self.device)
         blocks = [1 if self.policy[s].stream else -(-self.canvas_width(s) // self.policy[s].block_length)
                   for s in slots]
         self.progress.start(slots, blocks)
 
 
 class DllmModelState(ModelState):
-    """ModelState of LLaDA / Dream: all attention bidirectional (per-request causal flag 0), the
-    canvas plan for the response-side cache, and the dllm sampler."""
+    """ModelState of LLaDA / Dream / LLaDA2: all attention non-causal (per-request causal flag 0; LLaDA2's
+    prompt prefill block-causal in the model), the canvas plan for the response-side cache, and the dllm
+    sampler."""
 
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
-        self.states = DllmStates(vllm_config, model.args, self.max_num_reqs, device)
-        layer = model.layers[0]
-        self.states.feature_shape = (len(model.layers), layer.kv_size)
+        self.states = DllmStates(vllm_config, model.args, self.max_num_reqs, device, model.block_causal)
+        self.states.feature_shape = model.feature_shape
         model.dllm_state = self.states
         self._causal = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
         self._req_slot: dict[str, int] = {}
@@ -293,9 +314,13 @@ class DllmModelState(ModelState):
         extra[dcache & whole & denoise] = prefix[dcache & whole & denoise]  # dLLM-Cache: the prefix in every step
         for i in np.flatnonzero((fast | dcache) & whole & commit):  # emitted as is; refreshed with the next canvas
             fixed[i] = (0, 0)
+        if st.block_causal:  # the canvas's grid block begins with the prompt tail: recomputed beside it
+            extra[is_canvas] = st.offset[slots[is_canvas]]
         ext = self._extension(ib, slots, qlen, extra) if extra.any() else None
         start = ext.qsl if ext is not None else ib.query_start_loc_np  # request starts in the forward's rows
         plan = StepPlan(ext=ext)
+        if st.block_causal:
+            plan.prefill = self._block_causal_prefill(ib, start, qlen, known & ~is_canvas)
         if self.model.shift_logits:  # Dream: the last prefix row predicts the first canvas position
             cap = np.flatnonzero(done_prefill | (commit & ~fast & ~dcache) | (extra > 0))
             if len(cap):
@@ -332,6 +357,13 @@ class DllmModelState(ModelState):
         plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), rows))
         st.forwards[slots[known]] += 1
         st.full_token_layers[slots[denoise]] += (prefix[denoise] + qlen[denoise]) * st.feature_shape[0]
+
+    @staticmethod
+    def _block_causal_prefill(ib, start, qlen, prefill) -> list[tuple[int, int]]:
+        """(first row, rows) of each prompt prefill of the step: the model attends them block-causally."""
+        if (ib.num_computed_tokens_np[:len(qlen)][prefill] > 0).any():
+            raise RuntimeError("dllm: a block-causal prompt must be prefilled in one chunk from position 0")
+        return [(int(start[i]), int(qlen[i])) for i in np.flatnonzero(prefill)]
 
     def _skipped(self, start: int, length: int) -> Region:
         """A prompt prefill run through no layer: its K/V and output are recomputed by the request's
@@ -375,7 +407,7 @@ class DllmModelState(ModelState):
                 continue
             pol, b = st.policy[s], st.progress.block[s]
             idx, cols = self._rows([s]), torch.arange(b * pol.block_length, (b + 1) * pol.block_length, device=self.device)
-            st.sampler_states(pol).begin_block(idx, (st.canvas[idx][:, cols] == st.mask_id) & (cols < int(w)))
+            st.sampler_states(pol).begin_block(idx, (st.canvas[idx][:, cols] == st.mask_id) & (cols < st.offset[s] + w))
         st.progress.new[slots] = False
 
     def _fast_dllm_rows(self, slot: int, prefix: int, width: int) -> tuple[int, tuple[int, int]]:

@@ -5,8 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
+import urllib.error
+import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent
@@ -20,15 +25,17 @@ ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 256, "max_
 # between vLLM's kernels and torch SDPA (~1e-6) could flip; these seeds keep every decision of the
 # test cases stable under +-1e-3 logit noise and never propose [MASK] under a variable-step rule
 # (checked by tests/test_vllm_engine.py::test_reference_decisions_are_robust).
-SEEDS = {"llada": 5, "dream": 4}
+SEEDS = {"llada": 5, "dream": 4, "llada2": 9}
 
 
 def tiny_checkpoint(out_dir: Path, arch: str) -> Path:
-    """A random LLaDA / Dream checkpoint with head_dim 32 (the smallest CPU_ATTN supports)."""
+    """A random LLaDA / Dream / LLaDA2 checkpoint with head_dim 32 (the smallest CPU_ATTN supports); LLaDA2's
+    block_size is the served canvas."""
     from dllm_core.testing import build_tiny_checkpoint
 
+    sizes = dict(head_dim=32, block_size=CANVAS) if arch == "llada2" else {}
     return build_tiny_checkpoint(out_dir, arch, seed=SEEDS[arch], dim=64, n_heads=2,
-                                 n_kv_heads=1 if arch == "dream" else 2, ffn=128)
+                                 n_kv_heads=2 if arch == "llada" else 1, ffn=128, **sizes)
 
 
 def harness_env() -> dict:
@@ -64,6 +71,47 @@ def start_server(model: Path, port: int, *flags: str) -> subprocess.Popen:
             "--diffusion-config", json.dumps({"canvas_length": CANVAS}), *flags]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(),
                             cwd=ROOT, start_new_session=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextmanager
+def serving(model: Path, *flags: str, timeout: float = 400):
+    """A ``start_server`` process answering /health -> its base URL (stopped on exit)."""
+    port = free_port()
+    proc = start_server(model, port, *flags)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            if proc.poll() is not None:
+                raise RuntimeError(f"server exited ({proc.returncode}):\n{proc.stdout.read()[-6000:]}")
+            try:
+                with urllib.request.urlopen(url + "/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                time.sleep(1)
+        else:
+            raise RuntimeError(f"server did not come up in {timeout} s")
+        yield url
+    finally:
+        stop(proc)
+
+
+def post(url: str, body: dict) -> tuple[int, dict]:
+    """POST /v1/completions -> (HTTP status, JSON body)."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=300) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
 
 
 def stop(p: subprocess.Popen) -> None:

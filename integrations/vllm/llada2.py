@@ -1,0 +1,93 @@
+"""LLaDA2.0 / 2.1 (``llada2_moe``) on vLLM's own Bailing-MoE layers, served through the diffusion pathway.
+
+LLaDA2 is the block-diffusion sibling of Ling 2.0 (vLLM's ``BailingMoeV2ForCausalLM``): the same checkpoint
+layout (fused ``query_key_value``, RMS q/k norms, partial RoPE, sigmoid grouped top-k routing with
+``expert_bias`` through vLLM's ``FusedMoE``, shared expert, first dense layers, ``norm_head``), attending
+block-causally over the grid blocks of ``block_size``. This class is vLLM's, with the step's semantics:
+
+* a canvas is one grid block (``canvas_length == block_size``): vLLM's per-request non-causal attention over
+  the paged prefix + the canvas *is* block-causal; the prompt's tail (the positions of the canvas's grid block
+  before it) is recomputed beside the canvas in every step (``Extension`` rows), as its K/V see the canvas;
+* a prompt prefill runs block-causally: vLLM writes its K/V, the prompt rows' attention output is recomputed
+  with the block-causal mask (vLLM's kernels are causal or bidirectional) - ``plan.prefill`` names the rows.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from dllm_core.engine.generate import block_causal_mask
+from dllm_core.models import LLaDA2MoeModelLM
+
+from vllm.config import VllmConfig
+from vllm.model_executor.models.bailing_moe import BailingMoeV2ForCausalLM
+
+from .model import _attention_of, extend_rows
+
+
+class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
+    """vLLM's Bailing-MoE V2 model serving LLaDA2 checkpoints block-causally (see the module docstring)."""
+
+    native = LLaDA2MoeModelLM
+    shift_logits = False
+
+    @staticmethod
+    def get_model_state_cls():
+        from .state import DllmModelState
+
+        return DllmModelState
+
+    def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
+        super().__init__(vllm_config=vllm_config, prefix=prefix)
+        self.args = self.native.parse_config(self.config.to_dict())
+        self.block_causal = self.config.block_size
+        self.dllm_state = None  # set by DllmModelState
+        for layer in self.model.layers:
+            layer.attention.attn.register_forward_hook(self._prefill_hook(layer.attention))
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    @property
+    def feature_shape(self) -> tuple[int, int]:
+        """(layers, K/V width per rank) of the response-side feature store."""
+        return len(self.layers), self.layers[0].attention.kv_size_per_rank
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_input_ids(ids)
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
+        plan = self.dllm_state.plan if self.dllm_state is not None else None
+        ext = plan.ext if plan is not None else None
+        if ext is not None:  # the prompt tail of a canvas's grid block, recomputed beside it: [N_ext, d]
+            x, positions = extend_rows(ext, x, positions, self.embed)
+        with _attention_of(ext):
+            h = self.model(None, positions, None, inputs_embeds=x)
+        if plan is not None and plan.row_slots is not None:  # every row runs every layer
+            self.dllm_state.token_layers.index_add_(0, plan.row_slots, torch.full_like(plan.row_slots, len(self.layers)))
+        return h if ext is None else h[ext.orig]
+
+    def _prefill_hook(self, attention):
+        """A forward hook on a layer's vLLM ``Attention``: the rows of the step's prompt prefills get their
+        block-causal attention output (vLLM has just written their K/V to the paged cache)."""
+        heads, kv_heads, hd, scale = attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale
+
+        def hook(module, args, out):
+            plan = self.dllm_state.plan if self.dllm_state is not None else None
+            if plan is None or not plan.prefill:
+                return out
+            q, k, v = args[:3]
+            for start, n in plan.prefill:  # rows [start, start + n): positions 0 .. n - 1 of one request
+                rows = slice(start, start + n)
+                pos = torch.arange(n, device=q.device)[None]
+                mask = block_causal_mask(torch.ones_like(pos, dtype=torch.bool), pos, self.block_causal)  # [1, 1, n, n]
+                qs = q[rows].view(n, heads, hd).transpose(0, 1)[None]  # [1, H, n, hd]
+                ks, vs = (t[rows].view(n, kv_heads, hd).transpose(0, 1)[None] for t in (k, v))
+                o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
+                out[rows] = o[0].transpose(0, 1).reshape(n, heads * hd).to(out.dtype)
+            return out
+
+        return hook
