@@ -138,6 +138,41 @@ def test_block_noise_rows(llada):
     torch.testing.assert_close(loss, want / B)
 
 
+def test_edit_noise_swaps_visible_tokens_and_scores_them(llada):
+    """--edit-noise (LLaDA2.1's token-to-token term): only visible response tokens are swapped, each for a token
+    of its own row's response; the loss is the M2T term plus the unweighted CE of every visible response token
+    (swapped: restore it; kept: keep it) over the response length."""
+    import torch.nn.functional as F
+
+    from dllm_core.train.mdm import mdm_loss, noise_levels
+
+    model, (B, P, G, mask) = llada, (32, 4, 12, llada.args.mask_token_id)
+    x = torch.randint(6, 100, (B, P + G))
+    keep = torch.ones(B, P + G, dtype=torch.bool)
+    pos = torch.arange(P + G).expand(B, -1)
+    seen, hook = _spy_inputs(model.embed)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(3), True,
+                    edit_noise=0.3)
+    hook.remove()
+    inp = seen[0]
+    assert torch.equal(inp[:, :P], x[:, :P])
+    masked, swapped = inp == mask, (inp != mask) & (inp != x)
+    assert swapped[:, P:].float().mean() > 0.05 and not swapped[:, :P].any()
+    for r, c in swapped.nonzero().tolist():
+        assert int(inp[r, c]) in x[r, P:].tolist()
+    gen = torch.Generator().manual_seed(3)
+    t = noise_levels(B, gen, "cpu")
+    logits = model(inp, pos, keep[:, None, None])[:, P:]
+    ce = F.cross_entropy(logits.flatten(0, 1), x[:, P:].flatten(), reduction="none").view(B, G)
+    want = ((ce * masked[:, P:] / t).sum(1) + (ce * ~masked[:, P:]).sum(1)) / G
+    torch.testing.assert_close(loss, want.mean())
+
+
+def test_edit_noise_is_validated(tmp_path, capsys):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--edit-noise", "1"]) == 2
+    assert "--edit-noise must be in [0, 1), got 1.0" in capsys.readouterr().err
+
+
 def test_block_noise_is_validated(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--block-noise", "-0.1"]) == 2
     assert "--block-noise must be in [0, 1], got -0.1" in capsys.readouterr().err

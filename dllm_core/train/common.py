@@ -47,6 +47,9 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     p.add_argument("--block-noise", type=float, default=d.block_noise,
                    help="masked diffusion: fraction of rows noised as the semi-autoregressive decoder sees them "
                         "(Blockwise SFT): clean blocks, one partly masked block scored, the rest masked; 0 = off")
+    p.add_argument("--edit-noise", type=float, default=d.edit_noise,
+                   help="masked diffusion: fraction of the visible response tokens replaced by other tokens of the "
+                        "response, every visible token scored (LLaDA2.1's token-to-token term for editing); 0 = off")
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="seconds: stop early once exceeded, saving the model and a resumable checkpoint (0: none)")
 
@@ -84,7 +87,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
                        save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit,
                        init=a.init, t_sampling=a.t_sampling,
-                       prompt_noise=a.prompt_noise, block_noise=a.block_noise)
+                       prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise)
 
 
 def setup(cfg: TrainConfig):

@@ -77,6 +77,7 @@ class TrainConfig(TrainBase):
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
     prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
     block_noise: float = 0.0  # MDM: fraction of rows noised block-wise as the semi-AR decoder sees them
+    edit_noise: float = 0.0  # MDM: fraction of visible response tokens swapped for the token-to-token (editing) term
 
     def __post_init__(self):
         tasks = parse_tasks(self.tasks)
@@ -97,6 +98,8 @@ class TrainConfig(TrainBase):
             raise ValueError(f"--prompt-noise must be in [0, 1], got {self.prompt_noise}")
         if not 0 <= self.block_noise <= 1:
             raise ValueError(f"--block-noise must be in [0, 1], got {self.block_noise}")
+        if not 0 <= self.edit_noise < 1:
+            raise ValueError(f"--edit-noise must be in [0, 1), got {self.edit_noise}")
         if self.save_dtype not in ("float32", "bfloat16"):
             raise ValueError(f"--save-dtype must be one of ['bfloat16', 'float32'], got {self.save_dtype!r}")
 

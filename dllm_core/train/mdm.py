@@ -12,6 +12,10 @@ answer reaches, the blocks before it stay clean, it is masked with probability t
 block after it is masked whole (unscored), so that the model trains on the states the vanilla loop
 decodes: a clean prefix, a partly decoded block, a masked future.
 
+``--edit-noise R`` adds LLaDA2.1's token-to-token objective (what its token editing needs): a fraction R of the
+visible response tokens is replaced by other tokens of the same response and every visible token is scored, so
+the model learns to restore a wrong committed token and to keep a right one.
+
 ``--arch llada2`` trains a ``LLaDA2MoeModelLM`` (block-causal MoE): its attention is block-causal on the
 absolute position grid (``--block-size``), ``--block-noise`` blocks are grid blocks, the response is padded
 by one more block (inference decodes the answer's last grid block whole), and the routers' expert biases
@@ -73,7 +77,7 @@ def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int,
 
 def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
              gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0, block_noise: float = 0.0,
-             block: int = 32, pad_id: int = 1) -> torch.Tensor:
+             block: int = 32, pad_id: int = 1, edit_noise: float = 0.0) -> torch.Tensor:
     """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
 
     SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
@@ -81,6 +85,11 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows. A
     ``block_noise`` fraction of the other rows is noised block-wise (``block_rows``; ``pad_id`` ends an
     answer), scored on its active block and normalised by the block's length.
+
+    ``edit_noise`` > 0 adds LLaDA2.1's token-to-token term: of the noisable tokens left visible, a fraction is
+    replaced by the token of a random response position of the same row (a plausible error, as a decoder
+    commits them), and every visible noisable token is scored (restore the replaced, keep the others),
+    unweighted, over the same normaliser.
 
     A model with ``shift_logits`` (Dream) predicts position i from the logit row i - 1, as the engine
     decodes: the first response token from the last prompt row; a token whose previous position is
@@ -104,12 +113,19 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
         scored = torch.where(rows, masked & active, masked)
         masked = torch.where(rows, scored | (future & keep[:, 0, 0]), masked)
     first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
-    h, rope = model.embed(x.masked_fill(masked, mask_id)), model.rope(pos)
+    inp, seen = x.masked_fill(masked, mask_id), noisable & ~masked  # [B, T]
+    if edit_noise > 0:
+        swap = (torch.rand(B, T, generator=gen, device=x.device) < edit_noise) & seen
+        src = torch.randint(P, T, (B, T), generator=gen, device=x.device)
+        inp = torch.where(swap, x.gather(1, src), inp)
+    h, rope = model.embed(inp), model.rope(pos)
     for layer in model.layers:
         h = layer(h, rope, attn)
     logits = model.logits(h[:, first - s:T - s])  # [B, T - first, V]: row j predicts position first + j
     ce = F.cross_entropy(logits.flatten(0, 1), x[:, first:].flatten(), reduction="none").view(B, -1)
     per_row = (ce * scored[:, first:] / t).sum(1) / noisable.sum(1)  # [B]
+    if edit_noise > 0:
+        per_row = per_row + (ce * seen[:, first:]).sum(1) / noisable.sum(1)
     return per_row.mean()
 
 
@@ -192,7 +208,7 @@ def cmd_train_mdm(a) -> int:
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device, extra)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
-                            cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"])
+                            cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"], cfg.edit_noise)
             total = total + loss
             n += x.numel()
         return total / len(tasks), n
