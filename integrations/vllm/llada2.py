@@ -42,6 +42,7 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
         self.args = self.native.parse_config(self.config.to_dict())
         self.block_causal = self.config.block_size
         self.dllm_state = None  # set by DllmModelState
+        self._masks: dict[int, torch.Tensor] = {}  # the step's block-causal prefill masks by length (all layers)
         for layer in self.model.layers:
             layer.attention.attn.register_forward_hook(self._prefill_hook(layer.attention))
 
@@ -64,6 +65,7 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
         ext = plan.ext if plan is not None else None
         if ext is not None:  # the prompt tail of a canvas's grid block, recomputed beside it: [N_ext, d]
             x, positions = extend_rows(ext, x, positions, self.embed)
+        self._masks = {}
         with _attention_of(ext):
             h = self.model(None, positions, None, inputs_embeds=x)
         if plan is not None and plan.row_slots is not None:  # every row runs every layer
@@ -82,8 +84,11 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
             q, k, v = args[:3]
             for start, n in plan.prefill:  # rows [start, start + n): positions 0 .. n - 1 of one request
                 rows = slice(start, start + n)
-                pos = torch.arange(n, device=q.device)[None]
-                mask = block_causal_mask(torch.ones_like(pos, dtype=torch.bool), pos, self.block_causal)  # [1, 1, n, n]
+                mask = self._masks.get(n)
+                if mask is None:
+                    pos = torch.arange(n, device=q.device)[None]
+                    mask = self._masks[n] = block_causal_mask(torch.ones_like(pos, dtype=torch.bool), pos,
+                                                              self.block_causal)  # [1, 1, n, n]
                 qs = q[rows].view(n, heads, hd).transpose(0, 1)[None]  # [1, H, n, hd]
                 ks, vs = (t[rows].view(n, kv_heads, hd).transpose(0, 1)[None] for t in (k, v))
                 o = F.scaled_dot_product_attention(qs, ks, vs, attn_mask=mask, scale=scale, enable_gqa=True)
