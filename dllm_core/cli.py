@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -109,12 +110,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``dllm`` (``argv``: the arguments; None: the process's own). Returns the exit code."""
     a = build_parser().parse_args(argv)
     try:
-        return a.func(a)
+        code = a.func(a)
     except (ValueError, FileNotFoundError) as e:
         print(f"dllm {a.cmd}: error: {e}", file=sys.stderr)
-        return 2
+        code = 2
+    if argv is None:
+        leave_worker(code)
+    return code
+
+
+def leave_worker(code: int) -> None:
+    """A ``torchrun`` worker whose command has finished (process group destroyed, files closed) exits here,
+    skipping the interpreter's teardown: gloo's C++ threads can abort it (``terminate called without an
+    active exception``, SIGABRT), which fails the whole job after its work is done."""
+    from .train.distributed import is_worker
+
+    if is_worker():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code or 0)
 
 
 if __name__ == "__main__":

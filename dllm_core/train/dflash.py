@@ -331,6 +331,7 @@ def run(cfg: DFlashTrainConfig) -> dict:
         save_drafter(drafter, cfg.out)
         if not cfg.keep_data and summary["steps"] == cfg.steps:  # an early stop keeps it for --resume
             cfg.data_path.unlink(missing_ok=True)
+    del step_module  # the DDP wrapper goes before its process group
     finish(world)
     return summary
 

@@ -13,6 +13,7 @@ gloo on CPU, NCCL on CUDA (one GPU per rank, ``LOCAL_RANK``)::
 """
 from __future__ import annotations
 
+import gc
 import os
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -102,6 +103,14 @@ def no_sync(module: torch.nn.Module, last: bool):
 
 
 def finish(world: World) -> None:
+    """End of a run: every rank waits for rank 0's writes, then the process group goes. Call it after the
+    DDP wrapper is released (``del``): the wrapper holds the group, which must not outlive its destruction."""
     if world.size > 1 and dist.is_initialized():
+        gc.collect()  # DDP's reducer and any pending gloo work are freed while the group is still up
         dist.barrier()
         dist.destroy_process_group()
+
+
+def is_worker() -> bool:
+    """Whether this process is one of several ``torchrun`` workers."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1

@@ -190,6 +190,7 @@ def run(cfg: TokenSwiftTrainConfig) -> dict:
         save_heads(heads, cfg.out)
         if not cfg.keep_data and summary["steps"] == cfg.steps:  # stopped early (--time-limit): keep for --resume
             cfg.data_path.unlink(missing_ok=True)
+    del step_module  # the DDP wrapper goes before its process group
     finish(world)
     return summary
 
