@@ -27,6 +27,22 @@ def test_resume_equals_uninterrupted_run(tmp_path):
     assert [(r["start"], r["steps"]) for r in log if "start" in r] == [(0, 1), (1, 4)]
 
 
+def test_autocast_bf16_follows_the_fp32_run_and_resumes_either_way(tmp_path):
+    """--autocast bfloat16 runs the losses in bf16 (fp32 master weights): the loss curve stays within bf16
+    rounding of the fp32 one, yet the weights differ (the bf16 path really ran); precision is a runtime setting,
+    so a checkpoint resumes under the other one."""
+    train(tmp_path / "a", "--steps", "4")
+    train(tmp_path / "b", "--steps", "4", "--autocast", "bfloat16")
+    end = lambda d: json.loads((d / "train_log.jsonl").read_text().splitlines()[-1])["loss_ema"]
+    assert end(tmp_path / "a") == pytest.approx(end(tmp_path / "b"), rel=0.01)
+    a, b = load_file(tmp_path / "a" / "model.safetensors"), load_file(tmp_path / "b" / "model.safetensors")
+    assert a.keys() == b.keys() and all(b[k].dtype == torch.float32 for k in b)
+    assert not all(torch.equal(a[k], b[k]) for k in a)
+    train(tmp_path / "c", "--steps", "4", "--autocast", "bfloat16", "--time-limit", "1e-9")
+    train(tmp_path / "c", "--steps", "4", "--resume")
+    assert not (tmp_path / "c" / "train_state.pt").exists()
+
+
 def test_resume_refuses_other_settings_and_overwrites(tmp_path, capsys):
     train(tmp_path, "--steps", "4", "--time-limit", "1e-9")
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "4", "--lr", "0.01", "--resume"]) == 2
@@ -41,6 +57,7 @@ def test_resume_refuses_other_settings_and_overwrites(tmp_path, capsys):
     (["--dim", "30"], "--dim 30 must be divisible by --heads 2 into an even head size"),
     (["--device", "tpu"], "--device must be one of ['cpu', 'cuda']"),
     (["--tasks", "poetry"], "--tasks: unknown policy 'poetry'"),
+    (["--autocast", "fp8"], "--autocast must be one of ['none', 'bfloat16'], got 'fp8'"),
 ])
 def test_bad_options(tmp_path, capsys, args, msg):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", *args]) == 2
@@ -189,6 +206,7 @@ def test_prompt_noise_is_validated(tmp_path, capsys):
     (dict(warmup=-1), "--warmup must be >= 0, got -1"),
     (dict(min_lr_ratio=1.5), "--min-lr-ratio must be in [0, 1], got 1.5"),
     (dict(device="tpu"), "--device must be one of ['cpu', 'cuda']"),
+    (dict(autocast="float16"), "--autocast must be one of ['none', 'bfloat16'], got 'float16'"),
 ])
 def test_trainer_configs_share_one_validation(kw, msg):
     """Every trainer's config is a ``TrainBase``: the shared fields are checked once, errors name the option;

@@ -50,6 +50,8 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     p.add_argument("--edit-noise", type=float, default=d.edit_noise,
                    help="masked diffusion: fraction of the visible response tokens replaced by other tokens of the "
                         "response, every visible token scored (LLaDA2.1's token-to-token term for editing); 0 = off")
+    p.add_argument("--autocast", default=d.autocast, help="none or bfloat16: the forward and loss in bf16 under "
+                                                           "torch.autocast (fp32 weights and optimizer)")
     p.add_argument("--time-limit", type=float, default=0.0,
                    help="seconds: stop early once exceeded, saving the model and a resumable checkpoint (0: none)")
 
@@ -85,7 +87,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        weight_decay=a.weight_decay, seed=a.seed, device=a.device, dim=a.dim, n_layers=a.layers,
                        n_heads=a.heads, n_kv_heads=a.kv_heads, ffn=a.ffn, max_len=a.max_len,
                        save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
-                       save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit,
+                       save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit, autocast=a.autocast,
                        init=a.init, t_sampling=a.t_sampling,
                        prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise)
 

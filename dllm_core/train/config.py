@@ -9,6 +9,7 @@ from typing import ClassVar
 from ..tasks import parse_tasks
 
 DEVICES = ("cpu", "cuda")
+AUTOCAST = ("none", "bfloat16")
 T_SAMPLING = ("iid", "stratified")
 MDM_ARCHS = ("llada", "dream", "llada2")
 
@@ -19,7 +20,7 @@ class TrainBase:
     the CLI option of the field."""
 
     RUNTIME: ClassVar[tuple[str, ...]] = ("resume", "save_every", "eval_every", "device", "out",
-                                          "time_limit")  # not part of a resumable run's identity
+                                          "time_limit", "autocast")  # not part of a resumable run's identity
     FLAGS: ClassVar[dict[str, str]] = {}  # CLI options not spelled --field-name
     out: str
     steps: int = 2000
@@ -34,6 +35,7 @@ class TrainBase:
     eval_every: int = 0
     resume: bool = False
     time_limit: float = 0.0  # seconds; stop early (saving everything, --resume continues) once exceeded, 0 = none
+    autocast: str = "none"  # "bfloat16": losses under torch.autocast (fp32 weights and optimizer, bf16 matmuls)
 
     def __post_init__(self):
         self.check_at_least(1, "steps", "save_every")
@@ -44,6 +46,8 @@ class TrainBase:
             raise ValueError(f"--min-lr-ratio must be in [0, 1], got {self.min_lr_ratio}")
         if not self.clip > 0:
             raise ValueError(f"--clip must be > 0, got {self.clip}")
+        if self.autocast not in AUTOCAST:
+            raise ValueError(f"--autocast must be one of {list(AUTOCAST)}, got {self.autocast!r}")
         if self.device.split(":")[0] not in DEVICES:
             raise ValueError(f"--device must be one of {list(DEVICES)}, got {self.device!r}")
 

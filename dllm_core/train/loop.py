@@ -37,6 +37,12 @@ def make_optimizer(model: torch.nn.Module, cfg: TrainBase) -> torch.optim.Optimi
                               {"params": rest, "weight_decay": 0.0}], lr=cfg.lr, betas=(0.9, 0.95))
 
 
+def mixed_precision(cfg: TrainBase):
+    """``--autocast bfloat16``: the forward and loss under ``torch.autocast`` (weights, gradients and the optimizer
+    stay float32); a no-op context otherwise."""
+    return torch.autocast(cfg.device.split(":")[0], dtype=torch.bfloat16, enabled=cfg.autocast == "bfloat16")
+
+
 def fingerprint(cfg: TrainBase) -> dict:
     """The settings a resumed run must share with its checkpoint: every field of the (dataclass) config
     except those its ``RUNTIME`` names (output dir, device, checkpoint/eval cadence, ...)."""
@@ -100,7 +106,7 @@ def train(cfg: TrainBase, model: torch.nn.Module, loss_fn: Callable[[int, int], 
             g["lr"] = lr_at(cfg, step)
         val = 0.0
         for micro in range(accum):
-            with no_sync(step_module, micro == accum - 1):
+            with no_sync(step_module, micro == accum - 1), mixed_precision(cfg):
                 loss, n = loss_fn(step, micro)
                 (loss * world.size).backward()  # DDP averages over ranks; the parts sum to the step's loss
             val, tokens = val + loss.item(), tokens + n
