@@ -155,6 +155,46 @@ def test_block_noise_rows(llada):
     torch.testing.assert_close(loss, want / B)
 
 
+def test_suffix_noise_masks_the_block_from_a_cut_on(llada):
+    """--suffix-noise 1 (with --block-noise 1): the scored block is masked from a cut point to its end, so no token
+    right of a masked one is visible (the answer's end must come from the prompt); cuts cover the whole block;
+    clean blocks before, masked blocks after; each row's CE is weighted by 1 / its masked fraction."""
+    import torch.nn.functional as F
+
+    from dllm_core.train.mdm import mdm_loss
+
+    model, (B, P, G, blk, pad, mask) = llada, (64, 3, 16, 4, 1, llada.args.mask_token_id)
+    x = torch.randint(6, 100, (B, P + G))
+    ends = torch.arange(B) % (G + 1)
+    x[:, P:] = torch.where(torch.arange(G)[None] < ends[:, None], x[:, P:], pad)
+    keep = torch.ones(B, P + G, dtype=torch.bool)
+    pos = torch.arange(P + G).expand(B, -1)
+    seen, hook = _spy_inputs(model.embed)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(2), True, 0.0, 1.0,
+                    blk, pad, suffix_noise=1.0)
+    hook.remove()
+    noisy = seen[0][:, P:] == mask  # [B, G]
+    logits = model(seen[0], pos, keep[:, None, None])
+    want, cuts = 0.0, set()
+    for r in range(B):
+        first = int(noisy[r].int().argmax())  # the cut
+        a = first // blk * blk
+        assert a <= ends[r] and not noisy[r, :first].any() and noisy[r, first:].all(), (r, noisy[r])
+        cuts.add(first - a)
+        ce = F.cross_entropy(logits[r, P + first:P + a + blk], x[r, P + first:P + a + blk], reduction="none")
+        want = want + ce.sum() / ((a + blk - first) / blk) / blk
+    assert cuts == set(range(blk))
+    torch.testing.assert_close(loss, want / B)
+
+
+def test_suffix_noise_is_validated(tmp_path, capsys):
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--suffix-noise", "1.2",
+                 "--block-noise", "0.5"]) == 2
+    assert "--suffix-noise must be in [0, 1], got 1.2" in capsys.readouterr().err
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--suffix-noise", "0.5"]) == 2
+    assert "--suffix-noise shapes the --block-noise rows: it needs --block-noise > 0" in capsys.readouterr().err
+
+
 def test_edit_noise_swaps_visible_tokens_and_scores_them(llada):
     """--edit-noise (LLaDA2.1's token-to-token term): only visible response tokens are swapped, each for a token
     of its own row's response; the loss is the M2T term plus the unweighted CE of every visible response token

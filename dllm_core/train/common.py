@@ -47,6 +47,10 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     p.add_argument("--block-noise", type=float, default=d.block_noise,
                    help="masked diffusion: fraction of rows noised as the semi-autoregressive decoder sees them "
                         "(Blockwise SFT): clean blocks, one partly masked block scored, the rest masked; 0 = off")
+    p.add_argument("--suffix-noise", type=float, default=d.suffix_noise,
+                   help="masked diffusion: fraction of the --block-noise rows whose scored block is masked from a "
+                        "uniform cut point to its end (a left-to-right decoder's state: the answer's end must be "
+                        "read from the prompt, not from visible padding); 0 = off")
     p.add_argument("--edit-noise", type=float, default=d.edit_noise,
                    help="masked diffusion: fraction of the visible response tokens replaced by other tokens of the "
                         "response, every visible token scored (LLaDA2.1's token-to-token term for editing); 0 = off")
@@ -89,7 +93,8 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
                        save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit, autocast=a.autocast,
                        init=a.init, t_sampling=a.t_sampling,
-                       prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise)
+                       prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise,
+                       suffix_noise=a.suffix_noise)
 
 
 def setup(cfg: TrainConfig):

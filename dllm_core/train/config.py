@@ -81,6 +81,7 @@ class TrainConfig(TrainBase):
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
     prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
     block_noise: float = 0.0  # MDM: fraction of rows noised block-wise as the semi-AR decoder sees them
+    suffix_noise: float = 0.0  # MDM: fraction of block-noise rows masked from a cut point to the block's end
     edit_noise: float = 0.0  # MDM: fraction of visible response tokens swapped for the token-to-token (editing) term
 
     def __post_init__(self):
@@ -102,6 +103,10 @@ class TrainConfig(TrainBase):
             raise ValueError(f"--prompt-noise must be in [0, 1], got {self.prompt_noise}")
         if not 0 <= self.block_noise <= 1:
             raise ValueError(f"--block-noise must be in [0, 1], got {self.block_noise}")
+        if not 0 <= self.suffix_noise <= 1:
+            raise ValueError(f"--suffix-noise must be in [0, 1], got {self.suffix_noise}")
+        if self.suffix_noise > 0 and self.block_noise == 0:
+            raise ValueError("--suffix-noise shapes the --block-noise rows: it needs --block-noise > 0")
         if not 0 <= self.edit_noise < 1:
             raise ValueError(f"--edit-noise must be in [0, 1), got {self.edit_noise}")
         if self.save_dtype not in ("float32", "bfloat16"):

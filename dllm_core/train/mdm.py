@@ -12,6 +12,12 @@ answer reaches, the blocks before it stay clean, it is masked with probability t
 block after it is masked whole (unscored), so that the model trains on the states the vanilla loop
 decodes: a clean prefix, a partly decoded block, a masked future.
 
+``--suffix-noise F`` masks the scored block of a fraction F of those rows from a uniform cut point to its end
+instead of token by token: the state of a decoder that commits left to right (the confidence order of a
+counting or worked answer). Token-wise masking nearly always leaves an EOS of the padding visible a few
+tokens past the answer's end, so the end can be read off the canvas; right of a cut nothing is visible, and
+the end (EOT after the last number, ``####`` after the last day) must be read from the prompt.
+
 ``--edit-noise R`` adds LLaDA2.1's token-to-token objective (what its token editing needs): a fraction R of the
 visible response tokens is replaced by other tokens of the same response and every visible token is scored, so
 the model learns to restore a wrong committed token and to keep a right one.
@@ -75,16 +81,28 @@ def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int,
     return rows, resp & (idx == k), resp & (idx > k)
 
 
+def suffix_rows(rows: torch.Tensor, active: torch.Tensor, frac: float,
+                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``--suffix-noise``: of the block rows [B, 1], a ``frac`` fraction -> (those rows [B, 1], their active block
+    [B, T] masked from a uniform cut point to its end: at least one token, at most the whole block)."""
+    B = rows.shape[0]
+    sfx = rows & (torch.rand(B, 1, generator=gen, device=rows.device) < frac)  # [B, 1]
+    n = active.sum(1, keepdim=True)  # [B, 1] tokens of the active block
+    cut = (torch.rand(B, 1, generator=gen, device=rows.device) * n).long()  # [B, 1] in [0, n)
+    return sfx, active & (active.cumsum(1) > cut)  # [B, T]: from the cut-th token of the block on
+
+
 def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
              gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0, block_noise: float = 0.0,
-             block: int = 32, pad_id: int = 1, edit_noise: float = 0.0) -> torch.Tensor:
+             block: int = 32, pad_id: int = 1, edit_noise: float = 0.0, suffix_noise: float = 0.0) -> torch.Tensor:
     """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
 
     SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
     whole, prompt included (LLaDA's pre-training loss). Each row's loss is normalised by the number of
     tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows. A
     ``block_noise`` fraction of the other rows is noised block-wise (``block_rows``; ``pad_id`` ends an
-    answer), scored on its active block and normalised by the block's length.
+    answer), scored on its active block and normalised by the block's length; a ``suffix_noise`` fraction of
+    those masks the block from a uniform cut on (``suffix_rows``), weighted by 1 / the masked fraction.
 
     ``edit_noise`` > 0 adds LLaDA2.1's token-to-token term: of the noisable tokens left visible, a fraction is
     replaced by the token of a random response position of the same row (a plausible error, as a decoder
@@ -111,6 +129,10 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
         rows = rows & ~whole
         noisable = torch.where(rows, noisable & active, noisable)
         scored = torch.where(rows, masked & active, masked)
+        if suffix_noise > 0:
+            sfx, cut = suffix_rows(rows, active, suffix_noise, gen)
+            scored = torch.where(sfx, cut, scored)
+            t = torch.where(sfx, cut.sum(1, keepdim=True) / active.sum(1, keepdim=True).clamp_min(1), t)
         masked = torch.where(rows, scored | (future & keep[:, 0, 0]), masked)
     first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
     inp, seen = x.masked_fill(masked, mask_id), noisable & ~masked  # [B, T]
@@ -208,7 +230,8 @@ def cmd_train_mdm(a) -> int:
         for task, b, key in zip(tasks, sizes, stream_keys(tasks)):
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device, extra)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
-                            cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"], cfg.edit_noise)
+                            cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"], cfg.edit_noise,
+                            cfg.suffix_noise)
             total = total + loss
             n += x.numel()
         return total / len(tasks), n
