@@ -187,12 +187,51 @@ def test_suffix_noise_masks_the_block_from_a_cut_on(llada):
     torch.testing.assert_close(loss, want / B)
 
 
+def test_end_and_creep_noise_mask_the_answers_last_block_up_to_a_cut(llada):
+    """--end-noise 1 --creep-noise 1 (with --block-noise 1): every row scores the block holding its answer's last
+    token, masked from the block's start to a cut with the rest of the block visible (the vanilla decoder's state
+    once it has committed the trailing padding); cuts cover the whole block; clean blocks before, masked blocks
+    after; each row's CE is weighted by 1 / its masked fraction."""
+    import torch.nn.functional as F
+
+    from dllm_core.train.mdm import mdm_loss
+
+    model, (B, P, G, blk, pad, mask) = llada, (64, 3, 16, 4, 1, llada.args.mask_token_id)
+    x = torch.randint(6, 100, (B, P + G))
+    ends = torch.arange(B) % G + 1  # answers of 1..G tokens, the last one standing for the EOT
+    x[:, P:] = torch.where(torch.arange(G)[None] < ends[:, None], x[:, P:], pad)
+    keep = torch.ones(B, P + G, dtype=torch.bool)
+    pos = torch.arange(P + G).expand(B, -1)
+    seen, hook = _spy_inputs(model.embed)
+    loss = mdm_loss(model, x, keep[:, None, None], pos, P, mask, torch.Generator().manual_seed(3), True, 0.0, 1.0,
+                    blk, pad, end_noise=1.0, creep_noise=1.0)
+    hook.remove()
+    noisy = seen[0][:, P:] == mask  # [B, G]
+    logits = model(seen[0], pos, keep[:, None, None])
+    want, masked_counts = 0.0, set()
+    for r in range(B):
+        a = (int(ends[r]) - 1) // blk * blk  # the block of the answer's last token
+        last = int(noisy[r, a:a + blk].int().cumsum(0).argmax())  # the last masked token of the block
+        assert noisy[r, a] and noisy[r, a:a + last + 1].all() and not noisy[r, a + last + 1:a + blk].any(), noisy[r]
+        assert not noisy[r, :a].any() and noisy[r, a + blk:].all()
+        masked_counts.add(last + 1)
+        ce = F.cross_entropy(logits[r, P + a:P + a + last + 1], x[r, P + a:P + a + last + 1], reduction="none")
+        want = want + ce.sum() / ((last + 1) / blk) / blk
+    assert masked_counts == set(range(1, blk + 1))
+    torch.testing.assert_close(loss, want / B)
+
+
 def test_suffix_noise_is_validated(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--suffix-noise", "1.2",
                  "--block-noise", "0.5"]) == 2
     assert "--suffix-noise must be in [0, 1], got 1.2" in capsys.readouterr().err
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--suffix-noise", "0.5"]) == 2
     assert "--suffix-noise shapes the --block-noise rows: it needs --block-noise > 0" in capsys.readouterr().err
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--end-noise", "0.5"]) == 2
+    assert "--end-noise shapes the --block-noise rows: it needs --block-noise > 0" in capsys.readouterr().err
+    assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--block-noise", "1",
+                 "--suffix-noise", "0.6", "--creep-noise", "0.5"]) == 2
+    assert "--suffix-noise + --creep-noise must be <= 1" in capsys.readouterr().err
 
 
 def test_edit_noise_swaps_visible_tokens_and_scores_them(llada):

@@ -51,6 +51,13 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
                    help="masked diffusion: fraction of the --block-noise rows whose scored block is masked from a "
                         "uniform cut point to its end (a left-to-right decoder's state: the answer's end must be "
                         "read from the prompt, not from visible padding); 0 = off")
+    p.add_argument("--end-noise", type=float, default=d.end_noise,
+                   help="masked diffusion: fraction of the --block-noise rows whose block is the one holding the "
+                        "answer's end (EOT) instead of a uniform one; 0 = off")
+    p.add_argument("--creep-noise", type=float, default=d.creep_noise,
+                   help="masked diffusion: fraction of the --block-noise rows (besides the --suffix-noise ones) whose "
+                        "scored block is masked from its start to a uniform cut, the rest visible (the vanilla "
+                        "decoder commits an answer's trailing padding first); 0 = off")
     p.add_argument("--edit-noise", type=float, default=d.edit_noise,
                    help="masked diffusion: fraction of the visible response tokens replaced by other tokens of the "
                         "response, every visible token scored (LLaDA2.1's token-to-token term for editing); 0 = off")
@@ -94,7 +101,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit, autocast=a.autocast,
                        init=a.init, t_sampling=a.t_sampling,
                        prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise,
-                       suffix_noise=a.suffix_noise)
+                       suffix_noise=a.suffix_noise, end_noise=a.end_noise, creep_noise=a.creep_noise)
 
 
 def setup(cfg: TrainConfig):

@@ -82,6 +82,8 @@ class TrainConfig(TrainBase):
     prompt_noise: float = 0.0  # MDM: fraction of rows noised whole (prompt too; LLaDA's pre-training loss)
     block_noise: float = 0.0  # MDM: fraction of rows noised block-wise as the semi-AR decoder sees them
     suffix_noise: float = 0.0  # MDM: fraction of block-noise rows masked from a cut point to the block's end
+    end_noise: float = 0.0  # MDM: fraction of block-noise rows whose block is the one holding the answer's end
+    creep_noise: float = 0.0  # MDM: fraction of block-noise rows masked from the block's start to a cut point
     edit_noise: float = 0.0  # MDM: fraction of visible response tokens swapped for the token-to-token (editing) term
 
     def __post_init__(self):
@@ -103,10 +105,15 @@ class TrainConfig(TrainBase):
             raise ValueError(f"--prompt-noise must be in [0, 1], got {self.prompt_noise}")
         if not 0 <= self.block_noise <= 1:
             raise ValueError(f"--block-noise must be in [0, 1], got {self.block_noise}")
-        if not 0 <= self.suffix_noise <= 1:
-            raise ValueError(f"--suffix-noise must be in [0, 1], got {self.suffix_noise}")
-        if self.suffix_noise > 0 and self.block_noise == 0:
-            raise ValueError("--suffix-noise shapes the --block-noise rows: it needs --block-noise > 0")
+        for name in ("suffix_noise", "end_noise", "creep_noise"):
+            flag, v = "--" + name.replace("_", "-"), getattr(self, name)
+            if not 0 <= v <= 1:
+                raise ValueError(f"{flag} must be in [0, 1], got {v}")
+            if v > 0 and self.block_noise == 0:
+                raise ValueError(f"{flag} shapes the --block-noise rows: it needs --block-noise > 0")
+        if self.suffix_noise + self.creep_noise > 1:
+            raise ValueError(f"--suffix-noise + --creep-noise must be <= 1 (disjoint fractions of the block rows), "
+                             f"got {self.suffix_noise} + {self.creep_noise}")
         if not 0 <= self.edit_noise < 1:
             raise ValueError(f"--edit-noise must be in [0, 1), got {self.edit_noise}")
         if self.save_dtype not in ("float32", "bfloat16"):

@@ -18,6 +18,14 @@ counting or worked answer). Token-wise masking nearly always leaves an EOS of th
 tokens past the answer's end, so the end can be read off the canvas; right of a cut nothing is visible, and
 the end (EOT after the last number, ``####`` after the last day) must be read from the prompt.
 
+``--end-noise F`` makes a fraction F of the block rows draw the block holding the answer's end (its EOT) instead
+of a uniform one: on a long answer the middle blocks are easy (the next number follows from the last) and the
+one decision that fails is where to stop. ``--creep-noise F`` masks the scored block of a fraction F of the block
+rows (disjoint from the suffix rows) from its start to a uniform cut, the tokens right of the cut visible: the
+state of the vanilla decoder in an answer's last block, which commits the padding at the block's right end
+first (it is certain there) and then creeps left, so where the padding must stop has to be read from the clean
+prefix and the prompt.
+
 ``--edit-noise R`` adds LLaDA2.1's token-to-token objective (what its token editing needs): a fraction R of the
 visible response tokens is replaced by other tokens of the same response and every visible token is scored, so
 the model learns to restore a wrong committed token and to keep a right one.
@@ -65,11 +73,13 @@ def noise_levels(B: int, gen: torch.Generator, device, stratified: bool = True) 
 
 
 def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int, pad_id: int,
-               gen: torch.Generator, pos: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+               gen: torch.Generator, pos: torch.Tensor | None = None,
+               end: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Blockwise-SFT rows (``--block-noise``): -> rows [B, 1], active block [B, T], masked future [B, T].
     A row's block is uniform over those that start at or before its first padding token (the block
-    where the answer ends, or the one after, holds the EOT/EOS the model must learn to write). Blocks
-    start at the response (P) or, with ``pos`` [B, T] (block-causal models), lie on the position grid."""
+    where the answer ends, or the one after, holds the EOT/EOS the model must learn to write); an ``end``
+    fraction of the rows (``--end-noise``) takes the block holding the EOT. Blocks start at the response (P)
+    or, with ``pos`` [B, T] (block-causal models), lie on the position grid."""
     rows = torch.rand(B, 1, generator=gen, device=x.device) < frac  # [B, 1]
     n = (x[:, P:] != pad_id).sum(1)  # [B] answer + EOT (no padding inside the answer)
     col = torch.arange(T, device=x.device)[None]  # [1, T]
@@ -77,32 +87,41 @@ def block_rows(B: int, T: int, P: int, x: torch.Tensor, frac: float, block: int,
     last = idx.gather(1, (P + n).clamp(max=T - 1)[:, None])[:, 0]  # [B] block of the first padding token
     reach = torch.clamp(last + 1, max=int(idx[:, -1].min()) + 1)  # [B] blocks a row may draw
     k = (torch.rand(B, generator=gen, device=x.device) * reach).long()[:, None]  # [B, 1]
+    if end > 0:
+        eot = idx.gather(1, (P + n - 1).clamp(P, T - 1)[:, None])  # [B, 1] block of the answer's last token
+        k = torch.where(torch.rand(B, 1, generator=gen, device=x.device) < end, eot, k)
     resp = col >= P
     return rows, resp & (idx == k), resp & (idx > k)
 
 
-def suffix_rows(rows: torch.Tensor, active: torch.Tensor, frac: float,
-                gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    """``--suffix-noise``: of the block rows [B, 1], a ``frac`` fraction -> (those rows [B, 1], their active block
-    [B, T] masked from a uniform cut point to its end: at least one token, at most the whole block)."""
+def cut_rows(rows: torch.Tensor, active: torch.Tensor, suffix: float, creep: float,
+             gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """``--suffix-noise`` / ``--creep-noise``: of the block rows [B, 1], a ``suffix`` fraction masked from a uniform
+    cut point to the block's end and a disjoint ``creep`` fraction from the block's start to a uniform cut (at
+    least one token, at most the whole block each) -> (those rows [B, 1], their masked tokens [B, T])."""
     B = rows.shape[0]
-    sfx = rows & (torch.rand(B, 1, generator=gen, device=rows.device) < frac)  # [B, 1]
+    r = torch.rand(B, 1, generator=gen, device=rows.device)  # [B, 1]
+    sfx, crp = rows & (r < suffix), rows & (r >= suffix) & (r < suffix + creep)  # [B, 1]
     n = active.sum(1, keepdim=True)  # [B, 1] tokens of the active block
     cut = (torch.rand(B, 1, generator=gen, device=rows.device) * n).long()  # [B, 1] in [0, n)
-    return sfx, active & (active.cumsum(1) > cut)  # [B, T]: from the cut-th token of the block on
+    rank = active.cumsum(1)  # [B, T] 1-based rank inside the active block
+    masked = torch.where(sfx, active & (rank > cut), active & (rank <= n - cut))  # [B, T]
+    return sfx | crp, masked & (sfx | crp)
 
 
 def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch.Tensor, P: int, mask_id: int,
              gen: torch.Generator, stratified: bool = True, prompt_noise: float = 0.0, block_noise: float = 0.0,
-             block: int = 32, pad_id: int = 1, edit_noise: float = 0.0, suffix_noise: float = 0.0) -> torch.Tensor:
+             block: int = 32, pad_id: int = 1, edit_noise: float = 0.0, suffix_noise: float = 0.0,
+             end_noise: float = 0.0, creep_noise: float = 0.0) -> torch.Tensor:
     """x [B, T] clean canvas (response = x[:, P:]), keep [B, 1, 1, T] key mask -> scalar loss.
 
     SFT rows noise the response only; a ``prompt_noise`` fraction of rows (drawn per row) is noised
     whole, prompt included (LLaDA's pre-training loss). Each row's loss is normalised by the number of
     tokens it may noise: G for SFT rows (LLaDA eq. 5), its unpadded length for whole-noised rows. A
     ``block_noise`` fraction of the other rows is noised block-wise (``block_rows``; ``pad_id`` ends an
-    answer), scored on its active block and normalised by the block's length; a ``suffix_noise`` fraction of
-    those masks the block from a uniform cut on (``suffix_rows``), weighted by 1 / the masked fraction.
+    answer; an ``end_noise`` fraction of them at the answer's end), scored on its active block and normalised by
+    the block's length; a ``suffix_noise`` fraction of those masks the block from a uniform cut on and a
+    ``creep_noise`` fraction up to a uniform cut (``cut_rows``), weighted by 1 / the masked fraction.
 
     ``edit_noise`` > 0 adds LLaDA2.1's token-to-token term: of the noisable tokens left visible, a fraction is
     replaced by the token of a random response position of the same row (a plausible error, as a decoder
@@ -125,12 +144,13 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
     masked = (torch.rand(B, T, generator=gen, device=x.device) < t) & noisable  # [B, T]
     scored = masked
     if block_noise > 0:
-        rows, active, future = block_rows(B, T, P, x, block_noise, bc or block, pad_id, gen, pos if bc else None)
+        rows, active, future = block_rows(B, T, P, x, block_noise, bc or block, pad_id, gen, pos if bc else None,
+                                          end_noise)
         rows = rows & ~whole
         noisable = torch.where(rows, noisable & active, noisable)
         scored = torch.where(rows, masked & active, masked)
-        if suffix_noise > 0:
-            sfx, cut = suffix_rows(rows, active, suffix_noise, gen)
+        if suffix_noise > 0 or creep_noise > 0:
+            sfx, cut = cut_rows(rows, active, suffix_noise, creep_noise, gen)
             scored = torch.where(sfx, cut, scored)
             t = torch.where(sfx, cut.sum(1, keepdim=True) / active.sum(1, keepdim=True).clamp_min(1), t)
         masked = torch.where(rows, scored | (future & keep[:, 0, 0]), masked)
@@ -231,7 +251,7 @@ def cmd_train_mdm(a) -> int:
             x, keep, pos, P = mdm_batch(enc, task, draw(task, b, cfg.seed, step, key), ids, cfg.device, extra)
             loss = mdm_loss(model, x, keep, pos, P, ids["mask"], gen, cfg.t_sampling == "stratified",
                             cfg.prompt_noise, cfg.block_noise, task.block_length, ids["eos"], cfg.edit_noise,
-                            cfg.suffix_noise)
+                            cfg.suffix_noise, cfg.end_noise, cfg.creep_noise)
             total = total + loss
             n += x.numel()
         return total / len(tasks), n
