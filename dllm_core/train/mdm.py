@@ -150,9 +150,9 @@ def mdm_loss(model: DiffusionLM, x: torch.Tensor, keep: torch.Tensor, pos: torch
         noisable = torch.where(rows, noisable & active, noisable)
         scored = torch.where(rows, masked & active, masked)
         if suffix_noise > 0 or creep_noise > 0:
-            sfx, cut = cut_rows(rows, active, suffix_noise, creep_noise, gen)
-            scored = torch.where(sfx, cut, scored)
-            t = torch.where(sfx, cut.sum(1, keepdim=True) / active.sum(1, keepdim=True).clamp_min(1), t)
+            part, cut = cut_rows(rows, active, suffix_noise, creep_noise, gen)  # rows masked up to / from a cut
+            scored = torch.where(part, cut, scored)
+            t = torch.where(part, cut.sum(1, keepdim=True) / active.sum(1, keepdim=True).clamp_min(1), t)
         masked = torch.where(rows, scored | (future & keep[:, 0, 0]), masked)
     first = max(0 if prompt_noise > 0 else P, s)  # first position whose prediction is needed
     inp, seen = x.masked_fill(masked, mask_id), noisable & ~masked  # [B, T]
