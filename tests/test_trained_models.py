@@ -87,7 +87,7 @@ def test_llada_long_solves_the_256_token_answers():
     from dllm_core.tasks.evaluate import evaluate
 
     count, progression = parse_tasks(LONG_TASKS[256])
-    runs = {**evaluate(LONG, [count], n=32, batch_size=16),  # the bench's 32 (the first 10 alone: 8/10)
+    runs = {**evaluate(LONG, [count], n=32, batch_size=16),  # the bench's 32: 30/32 (models/README.md)
             **evaluate(LONG, [progression], n=10, batch_size=10)}  # 32/32 in the bench
     for name, r in runs.items():
         assert r.task.gen_length == 256 and r.task.block_length == 32
