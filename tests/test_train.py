@@ -304,6 +304,17 @@ def test_trainer_configs_share_one_validation(kw, msg):
         assert msg in str(e.value)
 
 
+def test_eval_tasks_choose_what_each_evaluation_scores(tmp_path, capsys):
+    """--eval-tasks: the evaluation scores those tasks' test variants (curriculum ``min_*`` dropped), not the
+    trained ones; a bad spec is an error naming the option."""
+    train(tmp_path / "a", "--steps", "2", "--eval-every", "2", "--eval-n", "2",
+          "--eval-tasks", "retrieval:min_pairs=2,pairs=4;sort")
+    rec = json.loads((tmp_path / "a" / "train_log.jsonl").read_text().splitlines()[0])
+    assert set(rec) - {"step", "loss", "step_loss"} == {"retrieval", "sort"}
+    assert main(["train-mdm", "--out", str(tmp_path / "b"), *TINY, "--eval-tasks", "nope"]) == 2
+    assert "--eval-tasks: " in capsys.readouterr().err
+
+
 def test_model_size_errors_name_the_cli_option(tmp_path, capsys):
     assert main(["train-mdm", "--out", str(tmp_path), *TINY, "--steps", "2", "--layers", "0"]) == 2
     assert "--layers must be >= 1, got 0" in capsys.readouterr().err

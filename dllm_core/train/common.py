@@ -35,6 +35,8 @@ def add_train_args(p: argparse.ArgumentParser, defaults: TrainConfig) -> None:
     p.add_argument("--save-every", type=int, default=d.save_every, help="steps between resumable checkpoints")
     p.add_argument("--eval-every", type=int, default=d.eval_every, help="steps between test evaluations (0: off)")
     p.add_argument("--eval-n", type=int, default=d.eval_n, help="test examples per task at each evaluation")
+    p.add_argument("--eval-tasks", default=None, help="';'-separated task specs evaluated at each evaluation "
+                                                       "(default: the test variants of the trained tasks)")
     p.add_argument("--save-dtype", default=d.save_dtype, help="bfloat16 or float32 weights on disk")
     p.add_argument("--resume", action="store_true", help="continue from <out>/train_state.pt")
     p.add_argument("--init", default=None, help="start from the weights of this checkpoint dir (same sizes and "
@@ -98,6 +100,7 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
                        weight_decay=a.weight_decay, seed=a.seed, device=a.device, dim=a.dim, n_layers=a.layers,
                        n_heads=a.heads, n_kv_heads=a.kv_heads, ffn=a.ffn, max_len=a.max_len,
                        save_every=a.save_every, eval_every=a.eval_every, eval_n=a.eval_n,
+                       eval_tasks=a.eval_tasks,
                        save_dtype=a.save_dtype, resume=a.resume, time_limit=a.time_limit, autocast=a.autocast,
                        init=a.init, t_sampling=a.t_sampling,
                        prompt_noise=a.prompt_noise, block_noise=a.block_noise, edit_noise=a.edit_noise,
@@ -137,12 +140,16 @@ def step_generator(cfg: TrainConfig, step: int) -> torch.Generator:
 
 
 def eval_fn(cfg: TrainConfig, run):
-    """Accuracy on the first ``eval_n`` test examples of each task; ``run(task, examples)`` -> TaskRun."""
+    """Accuracy on the first ``eval_n`` test examples of each task (``--eval-tasks``, else the trained ones);
+    ``run(task, examples)`` -> TaskRun."""
+    from ..tasks import parse_tasks
     from .data import stream_keys
 
-    # the test distribution of each trained task (count: at most 100 numbers, a longer span takes minutes)
-    tasks = [t.test_variant() for t in cfg.task_list()]
-    tasks = [replace(t, span=min(t.span, 100)) if t.name == "count" else t for t in tasks]
+    if cfg.eval_tasks is not None:
+        tasks = [t.test_variant() for t in parse_tasks(cfg.eval_tasks)]
+    else:  # the test distribution of each trained task (count: at most 100 numbers, a longer span takes minutes)
+        tasks = [t.test_variant() for t in cfg.task_list()]
+        tasks = [replace(t, span=min(t.span, 100)) if t.name == "count" else t for t in tasks]
 
     def fn() -> dict:
         return {k: run(t, t.examples("test", cfg.eval_n)).accuracy for t, k in zip(tasks, stream_keys(tasks))}

@@ -64,7 +64,7 @@ class TrainConfig(TrainBase):
     """Model sizes, optimisation and the task mixture. ``tasks`` is a ``;``-separated list of task
     specs and ``batch`` the number of examples of each task in every optimizer step (one int per task)."""
 
-    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("eval_n",)
+    RUNTIME: ClassVar[tuple[str, ...]] = TrainBase.RUNTIME + ("eval_n", "eval_tasks")
     FLAGS: ClassVar[dict[str, str]] = {"n_layers": "--layers", "n_heads": "--heads"}
     tasks: str = "arithmetic;sort;retrieval:min_pairs=4"
     batch: str = "32,16,2"
@@ -76,6 +76,7 @@ class TrainConfig(TrainBase):
     max_len: int = 4096
     vocab_size: int = 512
     eval_n: int = 32
+    eval_tasks: str | None = None  # ';'-separated specs evaluated every --eval-every steps (None: the trained tasks)
     save_dtype: str = "bfloat16"
     init: str | None = None  # start from this checkpoint's weights (same sizes) instead of a random init
     t_sampling: str = "stratified"  # MDM noise levels of a batch: "iid" or "stratified" (low-discrepancy)
@@ -94,6 +95,11 @@ class TrainConfig(TrainBase):
         super().__post_init__()
         self.check_at_least(1, "dim", "n_layers", "n_heads", "ffn", "max_len", "vocab_size")
         self.check_at_least(0, "eval_n")
+        if self.eval_tasks is not None:
+            try:
+                parse_tasks(self.eval_tasks)
+            except ValueError as e:
+                raise ValueError(f"--eval-tasks: {str(e).removeprefix('--tasks: ')}") from None
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ValueError(f"--dim {self.dim} must be divisible by --heads {self.n_heads} into an even head "
                              f"size (RoPE)")
