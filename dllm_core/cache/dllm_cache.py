@@ -33,16 +33,17 @@ class DLLMCacheState(CacheState):
         like = torch.zeros(0, dtype=model.dtype, device=dev)
         self.feats = [Features.zeros(B, T, kv, model.args.dim, like) for _ in model.layers]
         self.rows = torch.arange(B * T, device=dev).view(B, T)  # [B, T] flat row of each position
-        self.step, self.block = 0, None
+        self.step, self.block_step, self.block = 0, 0, None  # the generation's steps, the block's, its index
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
         self.runs: dict[tuple[str, ...], GraphRunner] = {}  # per-layer mode pattern -> forward
         self.counters.cache_bytes = nbytes([f.tensors() for f in self.feats])
 
     def hidden(self, x, need, fresh, active=None):
         pol = self.policy
-        block = self.canvas.block if pol.per_block else None
-        c = 0 if block != self.block else self.step
-        self.block, self.step = block, c + 1
+        if self.canvas.block != self.block:
+            self.block, self.block_step = self.canvas.block, 0
+        c = pol.counter(self.step, self.block_step)
+        self.step, self.block_step = self.step + 1, self.block_step + 1
         modes = tuple(pol.mode(c, i) for i in range(self.model.args.n_layers))
         self._tally(modes)
         graphs = self.use_graphs and pol.select != "random"
@@ -94,6 +95,11 @@ class DLLMCache(FeatureReuse, CachePolicy):
         for n in ("kp", "kr"):
             check_min(getattr(self, n), 1, f"--cache dllm.{n}")
         self.check_reuse("--cache dllm")
+
+    def counter(self, steps: int, block_steps: int) -> int:
+        """The step counter ``c`` that ``mode`` reads, from the steps taken so far in the generation and in
+        its current block: the block's with ``per_block``, else the generation's (every engine asks here)."""
+        return block_steps if self.per_block else steps
 
     def recomputes(self, c: int, layer: int, prompt: bool) -> tuple[bool, bool]:
         """A host's view of ``mode`` for one part of the sequence (the prompt, or the response):

@@ -278,9 +278,8 @@ class FastDllmHost:
         return torch.tensor([resps[b].slot for b in live], device=x.device), x
 
     def _plan_dllm(self, r: Response) -> RowPlan:
-        """dLLM-Cache: the whole sequence, at the request's step counter (the embedded ``DLLMCacheState``:
-        the generation's steps, or the block's with ``per_block``)."""
-        c = r.block_steps if self.policy.per_block else r.steps
+        """dLLM-Cache: the whole sequence, at the request's step counter (``DLLMCache.counter``)."""
+        c = self.policy.counter(r.steps, r.block_steps)
         r.steps, r.block_steps = r.steps + 1, r.block_steps + 1
         return RowPlan(r, 0, r.end, r.start, c)
 

@@ -384,8 +384,8 @@ class DllmModelState(ModelState):
         st = self.states
         pol, stream = st.policy[slot].cache, st.policy[slot].stream
         P = st.prompt_len[slot] if stream else prefix  # the dLLM-Cache prompt part
-        c = int(st.progress.block_steps[slot] if pol.per_block else
-                st.request_steps[slot] if stream else st.progress.steps[slot])
+        c = pol.counter(int(st.request_steps[slot] if stream else st.progress.steps[slot]),
+                        int(st.progress.block_steps[slot]))
         st.request_steps[slot] += 1
         store = st.prompt_features.get(slot)
         if c == 0 or store is None or store.length != P:  # a full step: nothing stale is read
