@@ -14,16 +14,16 @@ DEFAULT_TASKS = ("arithmetic", "sort", "retrieval")
 LONG_TASKS = {256: "count:span=48;progression:days=20", 512: "count:span=100;progression:days=40"}  # by canvas
 
 
-def make_task(spec: "str | Task") -> Task:
-    """``name[:key=value,...]`` -> task, e.g. ``"retrieval:pairs=40"``."""
-    return spec if isinstance(spec, Task) else parse_spec(spec, TASKS, "--tasks")
+def make_task(spec: "str | Task", option: str = "--tasks") -> Task:
+    """``name[:key=value,...]`` -> task, e.g. ``"retrieval:pairs=40"`` (errors name ``option``)."""
+    return spec if isinstance(spec, Task) else parse_spec(spec, TASKS, option)
 
 
-def parse_tasks(spec: str) -> list[Task]:
-    """``';'``-separated task specs -> tasks (error names the option and the allowed names)."""
-    tasks = [make_task(s) for s in filter(None, (s.strip() for s in spec.split(";")))]
+def parse_tasks(spec: str, option: str = "--tasks") -> list[Task]:
+    """``';'``-separated task specs -> tasks (error names ``option`` and the allowed names)."""
+    tasks = [make_task(s, option) for s in filter(None, (s.strip() for s in spec.split(";")))]
     if not tasks:
-        raise ValueError(f"--tasks: no task given; allowed: {sorted(TASKS)}")
+        raise ValueError(f"{option}: no task given; allowed: {sorted(TASKS)}")
     return tasks
 
 

@@ -142,11 +142,10 @@ def step_generator(cfg: TrainConfig, step: int) -> torch.Generator:
 def eval_fn(cfg: TrainConfig, run):
     """Accuracy on the first ``eval_n`` test examples of each task (``--eval-tasks``, else the trained ones);
     ``run(task, examples)`` -> TaskRun."""
-    from ..tasks import parse_tasks
     from .data import stream_keys
 
     if cfg.eval_tasks is not None:
-        tasks = [t.test_variant() for t in parse_tasks(cfg.eval_tasks)]
+        tasks = [t.test_variant() for t in cfg.eval_task_list()]
     else:  # the test distribution of each trained task (count: at most 100 numbers, a longer span takes minutes)
         tasks = [t.test_variant() for t in cfg.task_list()]
         tasks = [replace(t, span=min(t.span, 100)) if t.name == "count" else t for t in tasks]

@@ -96,10 +96,7 @@ class TrainConfig(TrainBase):
         self.check_at_least(1, "dim", "n_layers", "n_heads", "ffn", "max_len", "vocab_size")
         self.check_at_least(0, "eval_n")
         if self.eval_tasks is not None:
-            try:
-                parse_tasks(self.eval_tasks)
-            except ValueError as e:
-                raise ValueError(f"--eval-tasks: {str(e).removeprefix('--tasks: ')}") from None
+            self.eval_task_list()
         if self.dim % self.n_heads or (self.dim // self.n_heads) % 2:
             raise ValueError(f"--dim {self.dim} must be divisible by --heads {self.n_heads} into an even head "
                              f"size (RoPE)")
@@ -134,6 +131,10 @@ class TrainConfig(TrainBase):
 
     def task_list(self):
         return parse_tasks(self.tasks)
+
+    def eval_task_list(self):
+        """``--eval-tasks`` (errors name that option); None when the trained tasks are evaluated."""
+        return None if self.eval_tasks is None else parse_tasks(self.eval_tasks, "--eval-tasks")
 
 
 @dataclass(frozen=True, kw_only=True)
