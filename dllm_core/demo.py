@@ -2,7 +2,8 @@
 shows a few generations on test-split prompts and the quick ``dllm bench`` table: accuracy per task,
 NFE per token, speed and agreement relative to the vanilla loop for every sampler x cache policy, all
 measured in one run. With the shipped long-answer model (``models/llada-long``) it then solves the
-long-answer tasks (a 256-token canvas, blocks of 32) and measures the papers' pairs there; with the shipped
+long-answer tasks (a 256-token canvas, blocks of 32) and retrieval (a value looked up in a 1,000-token prompt)
+and measures the papers' pairs there; with the shipped
 LLaDA2 task model (``models/llada2-tasks``) it shows the block-causal MoE and its exact caches. Without a
 trained model (or with ``--random``) it builds tiny random LLaDA and
 Dream checkpoints and compares the policies on fixed prompts (agreement instead of accuracy)."""
@@ -17,7 +18,8 @@ from .bench import DEFAULT_CACHES, DEFAULT_MODEL, DEFAULT_SAMPLERS, LONG_MODEL, 
 
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 SHOW = 2  # generations shown per task
-LONG = {"canvas": 256, "n": 2, "samplers": "threshold:tau=0.9;slowfast", "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
+TASKS = "arithmetic;sort"  # the main part (models/llada-tasks); retrieval is the long part's (models/llada-long)
+LONG = {"canvas": 256, "n": 2, "extra": "retrieval", "samplers": "threshold:tau=0.9;slowfast", "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
 LLADA2_MODEL = Path(__file__).resolve().parents[1] / "models" / "llada2-tasks"
 LLADA2 = {"n": 4, "samplers": "low_confidence;threshold:tau=0.9;slowfast", "caches": "none;prefix;dllm:kr=2"}
 
@@ -31,7 +33,7 @@ def add_parser(sub) -> None:
     d.add_argument("--random", action="store_true", help="use tiny random checkpoints even if a model is shipped")
     d.add_argument("--samplers", default=DEFAULT_SAMPLERS, help="';'-separated sampler specs")
     d.add_argument("--caches", default=DEFAULT_CACHES, help="';'-separated cache specs")
-    d.add_argument("--tasks", default=QUICK["tasks"], help="';'-separated task specs (trained model)")
+    d.add_argument("--tasks", default=TASKS, help="';'-separated task specs (trained model)")
     d.add_argument("--n", type=int, default=QUICK["n"], help="test examples per task (trained model)")
     d.add_argument("--repeat", type=int, default=1, help="timed repetitions per policy (median)")
     d.add_argument("--no-long", action="store_true", help="skip the long-answer part (models/llada-long)")
@@ -97,10 +99,11 @@ def cmd_demo(a) -> int:
             from .tasks import LONG_TASKS
 
             print()
-            task_demo(a, LONG_MODEL, LONG_TASKS[LONG["canvas"]], LONG["n"], LONG["samplers"], LONG["caches"],
-                      f"long answers ({LONG['canvas']}-token canvas, blocks of 32): ")
+            task_demo(a, LONG_MODEL, f"{LONG_TASKS[LONG['canvas']]};{LONG['extra']}", LONG["n"], LONG["samplers"],
+                      LONG["caches"], f"long answers ({LONG['canvas']}-token canvas, blocks of 32) and retrieval "
+                                      f"in a 1,000-token prompt: ")
         if a.model is None and not a.no_llada2 and (LLADA2_MODEL / "config.json").is_file():
             print()
-            task_demo(a, LLADA2_MODEL, QUICK["tasks"].replace(";retrieval:pairs=30", ""), LLADA2["n"],
+            task_demo(a, LLADA2_MODEL, TASKS, LLADA2["n"],
                       LLADA2["samplers"], LLADA2["caches"], "block-causal MoE (LLaDA2 layout): ")
     return 0

@@ -95,6 +95,20 @@ def test_llada_long_solves_the_256_token_answers():
         assert r.nfe == [256] * len(r.examples)
 
 
+@need(LONG)
+def test_llada_long_retrieves_from_a_1000_token_prompt():
+    """Retrieval (issue "Long answers", item 2): the 4-digit value of one of 100 keys, looked up in a prompt of
+    more than 1,000 tokens, by the shipped long-answer model with the vanilla loop (32 held-out examples)."""
+    from dllm_core.tasks import Retrieval
+    from dllm_core.tasks.evaluate import evaluate, prompts_of
+    from dllm_core.tokenizer import load_tokenizer
+
+    run = evaluate(LONG, [Retrieval()], n=32, batch_size=16)["retrieval"]
+    assert min(len(p) for p in prompts_of(load_tokenizer(LONG), run.examples)) > 1000
+    assert run.accuracy >= 0.9, (run.accuracy, [(t, e.answer) for t, e, ok in zip(run.texts, run.examples, run.correct)
+                                                if not ok])
+
+
 @need(QWEN)
 def test_qwen3_layout_and_accuracy():
     from dllm_core.tasks.evaluate import evaluate
