@@ -18,7 +18,8 @@ SUBCOMMANDS += ["dllm_core.drafters.tokenswift.cli"]  # TokenSwift: train-tokens
 def add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gen-length", type=int, default=128)
     p.add_argument("--block-length", type=int, default=32)
-    p.add_argument("--steps", type=int, default=128, help="total steps of fixed-schedule samplers")
+    p.add_argument("--steps", type=int, default=None,
+                   help="total denoising steps over the response, fixed-schedule samplers (default: --gen-length)")
     p.add_argument("--sampler", default="low_confidence",
                    help="name[:k=v,...]: low_confidence, random, threshold, factor, slowfast, maskgit_plus, "
                         "topk_margin, entropy, origin")

@@ -42,7 +42,7 @@ def run_sglang(args, task, prompts, mask_id: int) -> tuple[list[list[int]], floa
 
     load_plugins()
     cls = getattr(algorithm, args.algorithm)
-    cfg = {"cache": args.cache, **({"sampler": args.sampler, "steps": task.block_length}
+    cfg = {"cache": args.cache, **({"sampler": args.sampler, "steps": task.gen_length}
                                    if args.algorithm == "DllmCore" else {"tau": args.tau})}
     sg = load_sglang_model(args.model)
     max_len = max(map(len, prompts)) + task.gen_length + task.block_length

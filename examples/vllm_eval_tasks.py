@@ -26,10 +26,10 @@ from dllm_core.tasks import make_task
 from dllm_core.tasks.evaluate import accuracy, agreement, generate_batched, prompts_of, task_config
 
 
-def run_vllm(args, task, prompts, steps_per_block: int) -> tuple[list[list[int]], float]:
+def run_vllm(args, task, prompts, steps: int) -> tuple[list[list[int]], float]:
     from vllm import LLM, SamplingParams
 
-    dllm = {"sampler": args.sampler, "cache": args.cache, "steps": steps_per_block, "block_length": task.block_length,
+    dllm = {"sampler": args.sampler, "cache": args.cache, "steps": steps, "block_length": task.block_length,
             "stream": args.stream}
     llm = LLM(model=args.model, tokenizer=args.model, dtype=args.dtype, enforce_eager=True,
               max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs, seed=0,
@@ -71,7 +71,7 @@ def main() -> None:
     ref = generate_batched(model, prompts, ref_cfg, batch_size=1 if isinstance(policy, DLLMCache) else 32,
                            canvas_length=canvas_len)
     van = generate_batched(model, prompts, vanilla_cfg, batch_size=32)
-    got, seconds = run_vllm(args, task, prompts, ref_cfg.steps_per_block)
+    got, seconds = run_vllm(args, task, prompts, ref_cfg.steps)
     result = {
         "model": args.model, "task": args.task, "n": len(examples), "sampler": args.sampler, "cache": args.cache,
         "canvas_length": args.blocks * task.block_length, "block_length": task.block_length, "stream": args.stream,

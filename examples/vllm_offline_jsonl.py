@@ -38,7 +38,7 @@ def main() -> None:
     p.add_argument("--out", required=True, help="JSONL results")
     p.add_argument("--sampler", default="low_confidence", help="server-wide dllm_core sampler spec")
     p.add_argument("--cache", default="none", help="none | dllm:kr=..,rho=..")
-    p.add_argument("--steps", type=int, help="denoising steps per canvas (fixed-schedule samplers)")
+    p.add_argument("--steps", type=int, help="total denoising steps over the response (fixed-schedule samplers)")
     p.add_argument("--canvas", type=int, default=32, help="canvas (block) length")
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--chat", action="store_true", help="wrap prompts in the tokenizer's chat template")

@@ -102,8 +102,10 @@ def test_eos_options(llada):
 
 
 @pytest.mark.parametrize("kwargs, match", [
-    (dict(gen_length=20, block_length=8), "--gen-length 20 must be a multiple of --block-length 8"),
     (dict(steps=7), "--steps 7 must be a multiple of the number of blocks 2"),
+    (dict(gen_length=20, steps=20), r"--steps 20 must be a multiple of the number of blocks 3 \(24 positions in "
+                                    r"blocks of 8\) \(steps is the total over the response"),
+    (dict(gen_length=0), "--gen-length must be >= 1, got 0"),
     (dict(sampler="greedy"), r"--sampler: unknown policy 'greedy'; allowed: \['entropy', 'factor', .*"),
     (dict(sampler="threshold:tau=2"), r"--sampler threshold.tau must be in \[0.0, 1.0\], got 2.0"),
     (dict(sampler="threshold:t=2"), r"--sampler: threshold has no option 't'; allowed: \['confidence', 'edit', 'post_edit', 'tau'\]"),
@@ -112,6 +114,15 @@ def test_eos_options(llada):
 def test_config_errors(kwargs, match):
     with pytest.raises(ValueError, match=match):
         GenerationConfig(**{**dict(gen_length=16, block_length=8, steps=8), **kwargs})
+
+
+def test_response_not_whole_blocks_is_decoded_in_the_blocks_covering_it(llada):
+    """The response-length rule of every engine: 20 tokens in blocks of 8 decode 24 positions (3 blocks,
+    ``steps`` the total over them) and return the first 20."""
+    cfg = GenerationConfig(gen_length=20, block_length=8)
+    assert (cfg.decoded_length, cfg.num_blocks, cfg.steps_per_block) == (24, 3, 8)
+    cut, whole = generate(llada, PROMPTS, cfg), generate(llada, PROMPTS, gen_length=24, block_length=8, steps=24)
+    assert cut.tokens.shape[1] == 20 and torch.equal(cut.tokens, whole.tokens[:, :20])
 
 
 def test_runtime_errors(llada):
@@ -148,7 +159,8 @@ def test_cli_generate_json(llada_dir, dream_dir, llada):
 
 
 @pytest.mark.parametrize("args, match", [
-    (["--gen-length", "10"], "--gen-length 10 must be a multiple of --block-length 32"),
+    (["--gen-length", "10", "--steps", "4", "--block-length", "4"], r"--steps 4 must be a multiple of the number of "
+                                                                     r"blocks 3 \(12 positions in blocks of 4\)"),
     (["--cache", "dllm:rho=3"], r"--cache dllm.rho must be in \[0.0, 1.0\], got 3.0"),
     (["--dtype", "int8"], r"--dtype must be one of \['float32', 'bfloat16', 'float16'\]"),
 ])

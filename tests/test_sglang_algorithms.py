@@ -99,7 +99,7 @@ CASES = [(FastDllmThreshold, {"tau": 0.6}, "threshold:tau=0.6"),
          (SlowFast, {}, "slowfast"),
          (SlowFast, {"min_conf": 0.3, "high": 0.9, "k": 3, "stat": "std"},
           "slowfast:min_conf=0.3,high=0.9,k=3,stat=std"),
-         (DllmCore, {"sampler": "low_confidence", "steps": 4}, "low_confidence")]
+         (DllmCore, {"sampler": "low_confidence", "steps": 12}, "low_confidence")]
 IDS = [f"{c[0].__name__}-{c[2]}" for c in CASES]
 
 

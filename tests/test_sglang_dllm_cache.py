@@ -46,7 +46,7 @@ def reference(ref, spec, steps, cache):
 
 
 THRESHOLD = (FastDllmThreshold, {"tau": 0.7}, "threshold:tau=0.7", GEN)
-LOWCONF = (DllmCore, {"sampler": "low_confidence", "steps": 4}, "low_confidence", 12)
+LOWCONF = (DllmCore, {"sampler": "low_confidence", "steps": 12}, "low_confidence", 12)
 # (algorithm, YAML, reference sampler, reference steps, cache, FDFO)
 CASES = [(*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5", True),
          (*LOWCONF, "dllm:kp=3,kr=2,rho=0.5", False),
@@ -138,5 +138,5 @@ def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED
     cfg = DllmConfig.from_server_args(sa)
     assert (cfg.fast_dllm().kp, cfg.fast_dllm().kr, cfg.fast_dllm().rho) == (4, 2, 0.25)
-    req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=L + 1))
-    assert cfg.validate_request(req).startswith("cache dllm: max_new_tokens must be a positive multiple of")
+    req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=0))
+    assert cfg.validate_request(req) == "DllmCore: max_new_tokens must be >= 1, got 0"

@@ -50,8 +50,8 @@ def models(ckpt):
 # (algorithm, YAML, reference sampler, reference steps, cache, FDFO)
 CASES = [(FastDllmThreshold, {"tau": 0.7}, "threshold:tau=0.7", GEN, "dual", True),
          (FastDllmThreshold, {"tau": 0.7}, "threshold:tau=0.7", GEN, "prefix", False),
-         (DllmCore, {"sampler": "low_confidence", "steps": 4}, "low_confidence", 12, "dual", False),
-         (DllmCore, {"sampler": "low_confidence", "steps": 4}, "low_confidence", 12, "prefix", True),
+         (DllmCore, {"sampler": "low_confidence", "steps": 12}, "low_confidence", 12, "dual", False),
+         (DllmCore, {"sampler": "low_confidence", "steps": 12}, "low_confidence", 12, "prefix", True),
          (SlowFast, {"k": 3, "min_conf": 0.2}, "slowfast:k=3,min_conf=0.2", GEN, "dual", True),
          (SlowFast, {"k": 3, "min_conf": 0.2}, "slowfast:k=3,min_conf=0.2", GEN, "prefix", False),
          (FastDllmFactor, {"f": 1.5}, "factor:f=1.5", GEN, "dual", False),
@@ -173,12 +173,15 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
     def req(n):
         return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=n))
 
-    assert cfg.validate_request(req(3 * L)) is None
-    for n in (L + 1, 0, None):  # admission: HTTP 400
-        assert cfg.validate_request(req(n)) == (f"cache dual: max_new_tokens must be a positive multiple of "
-                                                f"block_size {L} (the response the policy decodes in blocks), got {n}")
+    assert cfg.validate_request(req(3 * L)) is None and cfg.validate_request(req(L + 1)) is None  # 2 whole blocks
+    for n in (0, None):  # admission: HTTP 400
+        assert cfg.validate_request(req(n)) == "FastDllmThreshold: max_new_tokens must be >= 1, got 0"
     plain = DllmConfig.from_server_args(resolved(ckpt["llada"], "SlowFast", "cache: canvas", tmp_path))
     assert plain.fast_dllm() is None and plain.validate_request(req(L + 1)) is None
+    total = DllmConfig.from_server_args(resolved(ckpt["llada"], "DllmCore", f"block_size: {L}\nsteps: 4", tmp_path))
+    assert total.validate_request(req(2 * L)) is None  # steps: the total over the response (2 per block)
+    assert total.validate_request(req(3 * L)).startswith("DllmCore: steps 4 must be a multiple of the number of "
+                                                         f"blocks 3 ({3 * L} positions in blocks of {L})")
 
 
 BAD = [("FastDllmThreshold", "cache: triple",
@@ -246,7 +249,7 @@ def test_request_info_hook():
         return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor([5, 2]))
 
     add_request_info(fb(ForwardMode.EXTEND), None, batch, runner)
-    assert fwd.pending is None
+    assert fwd.reqs.pending is None
     add_request_info(fb(ForwardMode.DLLM_EXTEND), None, batch, runner)
     assert fwd.requests([5, 2]) == reqs
     with pytest.raises(RuntimeError, match="ForwardBatch.init_new hook must be live"):

@@ -52,7 +52,7 @@ def _sglang(sg, algo, gen=16, forwards: list | None = None):
 
 
 @pytest.mark.parametrize("cls,cfg,sampler", [
-    (DllmCore, {"sampler": "low_confidence", "steps": 8}, "low_confidence"),
+    (DllmCore, {"sampler": "low_confidence", "steps": 16}, "low_confidence"),
     (FastDllmThreshold, {"tau": 0.5}, "threshold:tau=0.5"),
     (FastDllmFactor, {"f": 1.5}, "factor:f=1.5"),
     (SlowFast, {}, "slowfast"),

@@ -51,7 +51,7 @@ class Served:
 
 
 SERVED = {
-    "llada-DllmCore-dual": Served("llada-tasks", "DllmCore", {"sampler": "low_confidence", "steps": BLOCK,
+    "llada-DllmCore-dual": Served("llada-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
     "llada-FastDllmThreshold-dllm": Served("llada-tasks", "FastDllmThreshold",
                                            {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
@@ -60,7 +60,7 @@ SERVED = {
     "llada-SlowFast-dual": Served("llada-tasks", "SlowFast", {"min_conf": 0.3, "high": 0.9, "k": 6, "stat": "std",
                                                               "cache": "dual"},
                                   "slowfast:min_conf=0.3,high=0.9,k=6,stat=std"),
-    "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence", "steps": BLOCK,
+    "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
     "dream-FastDllmThreshold-dllm": Served("dream-tasks", "FastDllmThreshold",
                                            {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
@@ -125,14 +125,16 @@ def test_held_out_accuracy_is_the_embedded_engines(served):
 def test_bad_requests_get_400_and_the_server_keeps_serving(served):
     s, srv, model, tok = served
     prompt = prompts_of(tok, make_task("arithmetic").examples("test", 1))[0]
-    status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": BLOCK + 3}})
-    assert status == 400 and "max_new_tokens" in str(body) and str(BLOCK) in str(body), body
+    status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": 0}})
+    assert status == 400 and "max_new_tokens" in str(body), body
     mask = model.args.mask_token_id
     status, body = srv.post("/generate", {"input_ids": prompt[:3] + [mask] + prompt[3:],
                                           "sampling_params": {"max_new_tokens": BLOCK}})
     assert status == 400 and "mask" in str(body), body
     got = srv.generate(prompt, BLOCK)["output_ids"]
     assert_same(got, s.reference(model, prompt, BLOCK), BLOCK)
+    got = srv.generate(prompt, BLOCK + 3)["output_ids"]  # not whole blocks: 2 blocks decoded, BLOCK + 3 emitted
+    assert_same(got, s.reference(model, prompt, 2 * BLOCK)[:BLOCK + 3], BLOCK + 3)
 
 
 @pytest.mark.parametrize("yaml_text,expected", [

@@ -22,25 +22,26 @@ PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 BLOCKS = 3
 SERVER = {"sampler": "threshold:tau=0.7", "cache": "none"}  # server-wide --additional-config dllm
-# name -> (extra_args, max_tokens, reference sampler, reference cache, steps per block, block length)
+# name -> (extra_args (dllm_steps: the total over the response), max_tokens, reference sampler, reference cache,
+# steps per block, block length)
 CASES = {
-    "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 4}, 24, "low_confidence", "none", 4, CANVAS),
+    "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 12}, 24, "low_confidence", "none", 4, CANVAS),
     "threshold": ({"dllm_sampler": "threshold:tau=0.6"}, 24, "threshold:tau=0.6", "none", CANVAS, CANVAS),
     "slowfast": ({"dllm_sampler": "slowfast"}, 24, "slowfast", "none", CANVAS, CANVAS),
     "factor": ({"dllm_sampler": "factor"}, 24, "factor", "none", CANVAS, CANVAS),
     "server_default": ({}, 24, SERVER["sampler"], "none", CANVAS, CANVAS),
-    "dllm_exact": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "canvas:kr=3,rho=1.0"},
+    "dllm_exact": ({"dllm_sampler": "low_confidence", "dllm_steps": 12, "dllm_cache": "canvas:kr=3,rho=1.0"},
                    24, "low_confidence", "canvas:kr=3,rho=1.0", 4, CANVAS),
     "dllm_approx": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "canvas:kr=3,rho=0.25"}, 24,
                     "threshold:tau=0.6", "canvas:kr=3,rho=0.25", CANVAS, CANVAS),
     "short": ({"dllm_sampler": "threshold:tau=0.6"}, 20, "threshold:tau=0.6", "none", CANVAS, CANVAS),
     # two semi-autoregressive blocks of 4 inside each canvas of 8
-    "blocks_low_confidence": ({"dllm_sampler": "low_confidence", "dllm_block_length": 4, "dllm_steps": 2}, 24,
+    "blocks_low_confidence": ({"dllm_sampler": "low_confidence", "dllm_block_length": 4, "dllm_steps": 12}, 24,
                               "low_confidence", "none", 2, 4),
     "blocks_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": 4,
                           "dllm_cache": "canvas:kr=2,rho=0.25"}, 24, "threshold:tau=0.6", "canvas:kr=2,rho=0.25", 4, 4),
     # Fast-dLLM with one-block canvases: each canvas is a generation of its own (prefix refreshed with it)
-    "dual_canvases": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "dual"}, 24,
+    "dual_canvases": ({"dllm_sampler": "low_confidence", "dllm_steps": 12, "dllm_cache": "dual"}, 24,
                       "low_confidence", "dual", 4, CANVAS),
     "prefix_canvases": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": 4, "dllm_cache": "prefix"}, 24,
                         "threshold:tau=0.6", "prefix", 4, 4),
@@ -128,11 +129,11 @@ def test_dllm_cache_approximate_setting_equals_reference(served):
 
 
 def test_max_tokens_inside_a_canvas_cuts_the_canvas(served):
-    """No position past max_tokens is scheduled (``DllmScheduler``): the last canvas holds the 4
-    positions left; the canvases before it are the reference's (later canvases never change them)."""
+    """The response rule of every engine: max_tokens 20 in blocks of 8 decodes 3 whole blocks and emits 20
+    tokens (``DllmScheduler`` schedules no canvas past the blocks holding max_tokens)."""
     outs, _, model = served
     full = reference(model, "threshold:tau=0.6", "none", CANVAS)
-    assert [r[:16] for r in outs["short"]] == [r[:16] for r in full]
+    assert outs["short"] == [r[:20] for r in full]
     assert all(len(r) == 20 and model.args.mask_token_id not in r for r in outs["short"])
 
 

@@ -18,10 +18,11 @@ from vllm_harness.jobs import ENGINE, finish_engine, start_engine, stop, tiny_ch
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 GEN, BLOCK = 24, 8
-# name -> (extra_args, reference sampler, reference cache, block length, steps per block[, max_tokens])
+# name -> (extra_args (dllm_steps: the total over the response), reference sampler, reference cache, block length,
+# steps per block[, max_tokens])
 CASES = {
     "no_options": ({}, "low_confidence", "dual", GEN, GEN),  # the server's default policy
-    "dual_low_confidence": ({"dllm_block_length": BLOCK, "dllm_steps": 4}, "low_confidence", "dual", BLOCK, 4),
+    "dual_low_confidence": ({"dllm_block_length": BLOCK, "dllm_steps": 12}, "low_confidence", "dual", BLOCK, 4),
     "dual_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK}, "threshold:tau=0.6",
                        "dual", BLOCK, BLOCK),
     "dual_slowfast": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK}, "slowfast", "dual", BLOCK, BLOCK),
@@ -31,10 +32,10 @@ CASES = {
                          "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
     "prefix_factor": ({"dllm_sampler": "factor", "dllm_cache": "prefix", "dllm_block_length": 4},
                       "factor", "prefix", 4, 4),
-    "dual_exact": ({"dllm_cache": "dual:every=1", "dllm_block_length": BLOCK, "dllm_steps": 4},
+    "dual_exact": ({"dllm_cache": "dual:every=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
                    "low_confidence", "none", BLOCK, 4),
     # dLLM-Cache: prompt every kp steps, response every kr, V-verify in between (counter across blocks)
-    "dllm_low_confidence": ({"dllm_cache": "dllm:kp=5,kr=2,rho=0.25", "dllm_block_length": BLOCK, "dllm_steps": 4},
+    "dllm_low_confidence": ({"dllm_cache": "dllm:kp=5,kr=2,rho=0.25", "dllm_block_length": BLOCK, "dllm_steps": 12},
                             "low_confidence", "dllm:kp=5,kr=2,rho=0.25", BLOCK, 4),
     "dllm_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
                         "dllm_cache": "dllm:kp=3,kr=2,rho=0.5,first_layer=false"}, "threshold:tau=0.6",
@@ -42,10 +43,10 @@ CASES = {
     "dllm_per_block": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK,
                         "dllm_cache": "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true"}, "slowfast",
                        "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true", BLOCK, BLOCK),
-    "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 4},
+    "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
                    "low_confidence", "none", BLOCK, 4),
     # streaming: each block is emitted when decoded; the next canvas is the rest of the response
-    "dual_stream": ({"dllm_block_length": BLOCK, "dllm_steps": 4, "dllm_stream": True}, "low_confidence", "dual",
+    "dual_stream": ({"dllm_block_length": BLOCK, "dllm_steps": 12, "dllm_stream": True}, "low_confidence", "dual",
                     BLOCK, 4),
     "dual_stream_slowfast": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK, "dllm_stream": True},
                              "slowfast", "dual", BLOCK, BLOCK),

@@ -28,7 +28,7 @@ GEN = 3 * CANVAS
 SERVER = {"sampler": "threshold:tau=0.6"}  # server-wide --additional-config dllm (cache: the default, dual)
 # name -> (extra_args, max_tokens, reference sampler, steps per block)
 CASES = {
-    "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 4, "dllm_cache": "none"}, GEN,
+    "low_confidence": ({"dllm_sampler": "low_confidence", "dllm_steps": 12, "dllm_cache": "none"}, GEN,
                        "low_confidence", 4),
     "threshold": ({"dllm_sampler": "threshold:tau=0.5", "dllm_cache": "prefix"}, GEN, "threshold:tau=0.5", CANVAS),
     "slowfast": ({"dllm_sampler": "slowfast"}, GEN, "slowfast", CANVAS),

@@ -6,20 +6,32 @@ from types import SimpleNamespace
 import pytest
 
 from dllm_core.cache import CanvasCache, DLLMCache, DualCache, PrefixCache
-from integrations.vllm.options import DllmOptions, validate_request
+from dllm_core.engine.request import DecodeOptions
+from dllm_core.sampling import make_sampler
+from integrations.vllm.options import DEFAULTS, request_options, request_plan, server_options, validate_request
 from integrations.vllm.serve import fold_dllm_flags
 
 
 def test_server_wide_options_from_additional_config():
-    o = DllmOptions.from_additional_config({"dllm": {"sampler": "threshold:tau=0.9", "cache": "dllm:kr=4",
-                                                     "steps": 16, "seed": 3}})
-    assert (o.sampler, o.steps, o.seed) == ("threshold:tau=0.9", 16, 3)
-    assert o.sampler_obj().tau == 0.9 and o.cache_obj() == DLLMCache(kr=4)
-    assert DllmOptions(cache="canvas:kr=4").cache_obj() == CanvasCache(kr=4)
-    assert DllmOptions.from_additional_config(None) == DllmOptions()
-    assert DllmOptions().cache_obj() == DualCache()  # no option at all: the quality-preserving default
-    assert DllmOptions(cache="prefix:every=4").cache_obj() == PrefixCache(every=4)
-    assert DllmOptions.from_additional_config({"other_plugin": 1}) == DllmOptions()
+    o = server_options({"dllm": {"sampler": "threshold:tau=0.9", "cache": "dllm:kr=4", "steps": 16, "seed": 3}})
+    assert (o.sampler, o.cache, o.steps, o.seed) == (make_sampler("threshold:tau=0.9"), DLLMCache(kr=4), 16, 3)
+    assert server_options(None) == DEFAULTS == DecodeOptions(cache="dual")
+    assert DEFAULTS.cache == DualCache()  # no option at all: the quality-preserving default
+    assert server_options({"dllm": {"cache": "canvas:kr=4"}}).cache == CanvasCache(kr=4)
+    assert server_options({"dllm": {"cache": "prefix:every=4"}}).cache == PrefixCache(every=4)
+    assert server_options({"other_plugin": 1}) == DEFAULTS
+
+
+def test_steps_is_the_total_over_the_response():
+    """One meaning of ``steps`` in every engine: the total, split over the response's blocks; a response that
+    is not whole blocks is decoded in the blocks covering it."""
+    opts = request_options({"dllm_steps": 12, "dllm_block_length": 8}, DEFAULTS)
+    plan = request_plan(opts, 20, 32)
+    assert (plan.length, plan.decoded, plan.blocks, plan.steps_per_block) == (20, 24, 3, 4)
+    assert request_plan(DEFAULTS, None, 32).steps_per_block == 32  # default: one canvas, one step per position
+    with pytest.raises(ValueError, match=r"extra_args.dllm_steps 4 must be a multiple of the number of blocks 3 "
+                                         r"\(24 positions in blocks of 8\) \(steps is the total over the response"):
+        request_plan(request_options({"dllm_steps": 4, "dllm_block_length": 8}, DEFAULTS), 24, 32)
 
 
 @pytest.mark.parametrize("raw, msg", [
@@ -32,16 +44,18 @@ def test_server_wide_options_from_additional_config():
 ])
 def test_server_wide_errors_name_the_option(raw, msg):
     with pytest.raises(ValueError, match=msg.replace("[", "\\[").replace("(", "\\(")):
-        DllmOptions.from_additional_config({"dllm": raw})
+        server_options({"dllm": raw})
 
 
 def test_request_options_override_server_ones():
-    base = DllmOptions(sampler="threshold:tau=0.8", cache="dllm:kr=2")
-    o = base.with_request({"dllm_sampler": "slowfast:k=4", "dllm_temperature": 1, "dllm_logits_eos_inf": "true",
-                           "other": 1})
-    assert (o.sampler, o.cache, o.temperature, o.logits_eos_inf) == ("slowfast:k=4", "dllm:kr=2", 1.0, True)
-    assert base.with_request({"dllm_confidence_eos_eot_inf": 0}).confidence_eos_eot_inf is False
-    assert base.with_request(None) == base
+    base = DecodeOptions(sampler="threshold:tau=0.8", cache="dllm:kr=2")
+    o = request_options({"dllm_sampler": "slowfast:k=4", "dllm_temperature": 1, "dllm_logits_eos_inf": "true",
+                         "other": 1}, base)
+    assert (o.sampler, o.cache, o.temperature, o.logits_eos_inf) == (make_sampler("slowfast:k=4"), DLLMCache(kr=2),
+                                                                       1.0, True)
+    assert request_options({"dllm_confidence_eos_eot_inf": 0}, base).confidence_eos_eot_inf is False
+    assert request_options(None, base) == base
+    assert request_options({"dllm_sampler": "factor"}, base) is request_options({"dllm_sampler": "factor"}, base)  # parsed once
 
 
 @pytest.mark.parametrize("xargs, msg", [
@@ -54,7 +68,7 @@ def test_request_options_override_server_ones():
 ])
 def test_request_errors_name_the_option(xargs, msg):
     with pytest.raises(ValueError, match=msg.replace("[", "\\[")):
-        DllmOptions().with_request(xargs)
+        request_options(xargs, DEFAULTS)
 
 
 def test_admission_check_rejects_logprobs():

@@ -44,7 +44,7 @@ def test_completion_uses_the_server_wide_sampler(server):
 
 
 def test_per_request_options_through_vllm_xargs(server):
-    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="canvas:kr=2,rho=1.0")
+    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=8, dllm_cache="canvas:kr=2,rho=1.0")
     assert code == 200, body
     assert body["choices"][0]["token_ids"] == reference(server[2], "low_confidence", steps=4)
 
@@ -52,7 +52,7 @@ def test_per_request_options_through_vllm_xargs(server):
 def test_fast_dllm_dual_through_vllm_xargs(server):
     """Fast-dLLM's DualCache per request: each 8-token canvas is a generation of its own (the prefix
     refreshed with it), as the embedded engine decodes it."""
-    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=4, dllm_cache="dual")
+    code, body = complete(server, dllm_sampler="low_confidence", dllm_steps=8, dllm_cache="dual")
     assert code == 200, body
     cfg = GenerationConfig(gen_length=2 * CANVAS, block_length=CANVAS, steps=8, sampler="low_confidence", cache="dual")
     assert body["choices"][0]["token_ids"] == generate_in_canvases(server[2], [PROMPT], cfg, CANVAS).tokens[0].tolist()

@@ -105,6 +105,9 @@ class CachePolicy:
 
     name: ClassVar[str] = "none"
     state_cls: ClassVar[type[CacheState]] = CacheState
+    # a paged host recomputes the prefix it holds (prompt + emitted tokens) with the masked response present, so
+    # the response must be decoded as one canvas (Fast-dLLM, dLLM-Cache); False: the prefix's K/V stay frozen
+    refreshes_prefix: ClassVar[bool] = False
     graphs: bool = True  # replay fixed-shape forwards as CUDA graphs (CUDA only)
 
     def begin(self, model, canvas: Canvas) -> CacheState:

@@ -87,6 +87,7 @@ class DLLMCache(FeatureReuse, CachePolicy):
 
     name: ClassVar[str] = "dllm"
     state_cls: ClassVar[type[CacheState]] = DLLMCacheState
+    refreshes_prefix: ClassVar[bool] = True
     kp: int = 50
     kr: int = 7
     per_block: bool = False

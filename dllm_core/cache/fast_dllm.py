@@ -84,6 +84,7 @@ class PrefixCache(CachePolicy):
     name: ClassVar[str] = "prefix"
     state_cls: ClassVar[type[CacheState]] = PrefixState
     dual: ClassVar[bool] = False
+    refreshes_prefix: ClassVar[bool] = True
     every: int = 0
 
     def __post_init__(self):

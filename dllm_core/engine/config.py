@@ -1,22 +1,30 @@
 """GenerationConfig: every knob of one generation, validated once in ``__post_init__``."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from ..cache import CachePolicy, make_cache
-from ..sampling import Sampler, make_sampler
-from ..sampling.base import check_proposal
+from ..cache import CachePolicy
+from ..options import OptionError
+from ..sampling import Sampler
+from .request import DecodeOptions, ResponsePlan, response_plan
+
+
+def flag(name: str) -> str:
+    """An option's CLI spelling (``--gen-length``)."""
+    return "--" + name.replace("_", "-")
 
 
 @dataclass(frozen=True)
 class GenerationConfig:
     """Options of the reference engine. ``sampler`` / ``cache`` take a spec string
-    (``"threshold:tau=0.9"``, ``"dllm:kp=50,kr=7"``) or an instance; ``steps`` is the total
-    number of denoising steps for fixed-schedule samplers (ignored by variable-step ones)."""
+    (``"threshold:tau=0.9"``, ``"dllm:kp=50,kr=7"``) or an instance; ``steps`` is the total number of
+    denoising steps over the response for fixed-schedule samplers (None: one per decoded position;
+    ignored by variable-step ones). A ``gen_length`` that is not whole blocks is decoded in the blocks
+    covering it and cut (``engine.request.response_plan``, the rule of every engine)."""
 
     gen_length: int = 128
     block_length: int = 32
-    steps: int = 128
+    steps: int | None = None
     sampler: str | Sampler = "low_confidence"
     cache: str | CachePolicy = "none"
     temperature: float = 0.0
@@ -30,25 +38,29 @@ class GenerationConfig:
     seed: int = 0
 
     def __post_init__(self):
-        for n in ("gen_length", "block_length", "steps"):
-            if getattr(self, n) < 1:
-                raise ValueError(f"--{n.replace('_', '-')} must be >= 1, got {getattr(self, n)}")
-        if self.gen_length % self.block_length:
-            raise ValueError(f"--gen-length {self.gen_length} must be a multiple of --block-length "
-                             f"{self.block_length}")
-        object.__setattr__(self, "sampler", make_sampler(self.sampler))
-        object.__setattr__(self, "cache", make_cache(self.cache))
-        if self.sampler.fixed_steps and self.steps % self.num_blocks:
-            raise ValueError(f"--steps {self.steps} must be a multiple of the number of blocks "
-                             f"{self.num_blocks} (gen_length / block_length)")
-        check_proposal(self.temperature, self.top_p, self.top_k, lambda n: "--" + n.replace("_", "-"))
+        try:
+            opts = DecodeOptions(self.sampler, self.cache, temperature=self.temperature, top_p=self.top_p,
+                                 top_k=self.top_k)
+        except OptionError as e:  # spec errors already name --sampler / --cache; the rest get their flag
+            raise ValueError(str(e) if str(e).startswith("--") else f"{flag(e.key)} {e.rule}") from None
+        object.__setattr__(self, "sampler", opts.sampler)
+        object.__setattr__(self, "cache", opts.cache)
+        object.__setattr__(self, "plan", response_plan(self.gen_length, self.block_length, self.steps,
+                                                       opts.sampler.fixed_steps, flag))
         if self.cfg_scale < 0:
             raise ValueError(f"--cfg-scale must be >= 0, got {self.cfg_scale}")
 
+    plan: ResponsePlan = field(init=False, repr=False, compare=False, default=None)  # set in __post_init__
+
+    @property
+    def decoded_length(self) -> int:
+        """Positions decoded: ``gen_length`` in whole blocks."""
+        return self.plan.decoded
+
     @property
     def num_blocks(self) -> int:
-        return self.gen_length // self.block_length
+        return self.plan.blocks
 
     @property
     def steps_per_block(self) -> int:
-        return self.steps // self.num_blocks
+        return self.plan.steps_per_block

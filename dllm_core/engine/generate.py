@@ -34,9 +34,9 @@ class GenerationResult:
 
 
 def build_canvas(prompts: list[list[int]], cfg: GenerationConfig, mask_id: int, pad_id: int, device):
-    """Left-padded [prompt | masks] -> x [B, T], key mask [B, 1, 1, T], positions [B, T], P."""
+    """Left-padded [prompt | masks of the decoded length] -> x [B, T], key mask [B, 1, 1, T], positions [B, T], P."""
     P = max(len(p) for p in prompts)
-    x = torch.full((len(prompts), P + cfg.gen_length), pad_id, dtype=torch.long, device=device)
+    x = torch.full((len(prompts), P + cfg.decoded_length), pad_id, dtype=torch.long, device=device)
     keep = torch.ones_like(x, dtype=torch.bool)
     for i, p in enumerate(prompts):
         x[i, P - len(p):P] = torch.tensor(p, dtype=torch.long, device=device)
@@ -88,7 +88,7 @@ def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
         if err := mask_in_prompt(p, mask_id):
             raise ValueError(f"--prompt: {err}")
     longest = max(len(p) for p in prompts)
-    need = longest + cfg.gen_length
+    need = longest + cfg.decoded_length
     if model.block_causal:  # the last block is decoded whole
         check_block_causal(model, cfg)
         need = -(-need // cfg.block_length) * cfg.block_length

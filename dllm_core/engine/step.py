@@ -141,3 +141,30 @@ class SlotStates:
         st = self.gather(slots)
         self.sampler.begin_block(st, masked)
         self.scatter(slots, st)
+
+
+class SlotGroups:
+    """A sampler's per-slot rows when requests' blocks take different numbers of steps (a request's total
+    ``steps`` split over its own blocks, fixed-schedule samplers): one ``SlotStates`` per count. ``split``
+    groups a batch's rows by their count; each group steps as one batch."""
+
+    def __init__(self, sampler: Sampler, block_len: int, device):
+        self.sampler, self.L, self.device = sampler, block_len, device
+        self.by_steps: dict[int, SlotStates] = {}
+
+    def states(self, steps: int, slots: int) -> SlotStates:
+        """The rows of requests with ``steps`` per block, at least ``slots`` of them."""
+        ss = self.by_steps.get(steps)
+        if ss is None:
+            ss = self.by_steps[steps] = SlotStates(self.sampler, self.L, steps, self.device)
+        ss.grow(slots)
+        return ss
+
+    def split(self, slots: list[int], steps: list[int]) -> list[tuple[list[int], torch.Tensor, SlotStates]]:
+        """Batch rows grouped by steps per block -> [(rows, their slots [m], their SlotStates)]."""
+        groups: dict[int, list[int]] = {}
+        for i, s in enumerate(steps):
+            groups.setdefault(s, []).append(i)
+        top = max(slots) + 1 if slots else 0
+        return [(rows, torch.tensor([slots[i] for i in rows], device=self.device), self.states(s, top))
+                for s, rows in groups.items()]

@@ -24,55 +24,63 @@ from typing import Any, ClassVar, List
 
 import torch
 
-from dllm_core.engine.step import SlotStates, block_final, denoise_step, mask_in_prompt
+from dllm_core.engine.step import SlotGroups, block_final, denoise_step, mask_in_prompt
+from dllm_core.options import OptionError
 from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
-from .fast_dllm import FastDllmHost
+from .fast_dllm import BATCH, FastDllmHost
 from .options import AlgorithmOptions, read_yaml
 
 logger = logging.getLogger(__name__)
 
 
 class DllmServeConfig(DllmConfig):
-    """SGLang's ``DllmConfig`` for the dllm-serve models + dllm_core's prompt rule at admission (the
-    scheduler answers a returned error with HTTP 400) and, under a Fast-dLLM cache, the response
-    length rule (``max_new_tokens``: whole blocks)."""
+    """SGLang's ``DllmConfig`` for the dllm-serve models + dllm_core's prompt rule and response rule at admission
+    (the scheduler answers a returned error with HTTP 400): no mask token in a prompt, ``max_new_tokens`` >= 1
+    (decoded in whole blocks) and a ``steps`` total that splits evenly over them."""
 
     def validate_request(self, req) -> str | None:
         return (mask_in_prompt(req.origin_input_ids, self.mask_id) or self.response_error(req)
                 or super().validate_request(req))
 
     def response_error(self, req) -> str | None:
-        fast = self.fast_dllm()
-        n = req.sampling_params.max_new_tokens if fast is not None else None
-        if fast is None or (isinstance(n, int) and n >= 1 and n % self.block_size == 0):
+        opts, sp = self.options(), getattr(req, "sampling_params", None)
+        if opts is None or sp is None:
             return None
-        return (f"cache {fast.name}: max_new_tokens must be a positive multiple of block_size {self.block_size} "
-                f"(the response the policy decodes in blocks), got {n}")
+        try:
+            opts.response(sp.max_new_tokens or 0, self.block_size)
+        except OptionError as e:
+            return f"{self.algorithm}: {e}"
+        return None
 
-    def fast_dllm(self):
-        """The algorithm's Fast-dLLM policy (None: SGLang's block canvas, or not one of ours)."""
-        if not hasattr(self, "_fast"):
+    def options(self):
+        """The algorithm's parsed options (None: not one of ours)."""
+        if not hasattr(self, "_opts"):
             from sglang.srt.dllm.algorithm import get_algorithm_cls
 
             cls = get_algorithm_cls(self.algorithm)
-            self._fast = cls.options(self.algorithm_config or {}).fast_dllm if hasattr(cls, "options") else None
-        return self._fast
+            self._opts = cls.options(self.algorithm_config or {}) if hasattr(cls, "options") else None
+        return self._opts
+
+    def fast_dllm(self):
+        """The algorithm's Fast-dLLM policy (None: SGLang's block canvas, or not one of ours)."""
+        return None if self.options() is None else self.options().fast_dllm
 
 
 class RowState:
     """One request's block in flight: its dLLM-Cache step counter and flags (its sampler rows live in
     the algorithm's ``SlotStates``, at the request's slot)."""
 
-    __slots__ = ("step", "final", "fresh")
+    __slots__ = ("step", "final", "fresh", "steps")
 
     def __init__(self):
         self.step = 0        # denoise forwards of this block so far (dLLM-Cache schedule)
         self.final = False   # the block has no masks left: the next forward persists it (exact)
         self.fresh = True    # the sampler rows are reset at the block's first step
+        self.steps = 0       # the request's steps per block (set at the block's first step)
 
 
 class DllmCoreAlgorithm(DllmAlgorithm):
@@ -124,11 +132,18 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         super().__init__(config)
         self.opts = self.options(config.algorithm_config or {})
         self.sampler = self.opts.sampler
-        self.steps = self.opts.steps or self.block_size
+        self.steps = self.opts.decode.steps or self.block_size  # the most steps a block can take
         self._tc: TokenContext | None = None
-        self.rows: SlotStates | None = None  # per-request sampler rows, by request slot
+        self.rows: SlotGroups | None = None  # per-request sampler rows, by request slot and steps per block
         self.fast = None if self.opts.fast_dllm is None else FastDllmHost(
-            self.opts.fast_dllm, self.sampler, self.steps, self.block_size, self.mask_id)
+            self.opts.fast_dllm, self.opts, self.block_size, self.mask_id)
+
+    def block_steps(self, reqs) -> list[int]:
+        """Each request's denoising steps per block: its ``steps`` split over its response's blocks
+        (``max_new_tokens`` in whole blocks; dllm_core's response rule)."""
+        if self.opts.decode.steps is None or not self.sampler.fixed_steps:
+            return [self.block_size] * len(reqs)
+        return [self.opts.response(r.sampling_params.max_new_tokens, self.block_size).steps_per_block for r in reqs]
 
     def max_steps(self, block_size: int) -> int:
         """Forwards per block in the synchronous loop: the sampler's most steps + the forward
@@ -137,7 +152,7 @@ class DllmCoreAlgorithm(DllmAlgorithm):
 
     def token_context(self, device) -> TokenContext:
         if self._tc is None:
-            o = self.opts
+            o = self.opts.decode
             gen = torch.Generator(device).manual_seed(o.seed)
             self._tc = TokenContext(self.mask_id, o.temperature, o.top_p, o.top_k, generator=gen)
         return self._tc
@@ -152,20 +167,25 @@ class DllmCoreAlgorithm(DllmAlgorithm):
     def init_step_state(self, forward_batch) -> List[Any]:
         return [RowState() for _ in range(forward_batch.batch_size)]
 
-    def sampler_rows(self, forward_batch, states: List[Any], masked: torch.Tensor) -> torch.Tensor:
-        """The batch's request slots [B] in ``self.rows`` (fresh blocks get new sampler rows)."""
-        slots = forward_batch.req_pool_indices.long()
+    def sampler_rows(self, forward_batch, states: List[Any], masked: torch.Tensor) -> list:
+        """The batch's rows grouped by steps per block: [(rows, their request slots, their SlotStates)]
+        (fresh blocks get new sampler rows)."""
+        slots = forward_batch.req_pool_indices.tolist()
         if self.rows is None:
-            self.rows = SlotStates(self.sampler, self.block_size, self.steps, slots.device)
-        self.rows.grow(int(slots.max()) + 1)
+            self.rows = SlotGroups(self.sampler, self.block_size, masked.device)
         fresh = [i for i, s in enumerate(states) if s.fresh]
         if fresh:
-            idx = slots[fresh]
-            self.rows.reset(idx)
-            self.rows.begin_block(idx, masked[fresh])
-            for i in fresh:
-                states[i].fresh = False
-        return slots
+            need = self.opts.decode.steps is not None and self.sampler.fixed_steps
+            reqs = BATCH.requests(slots) if need else [None] * len(slots)
+            for i, n in zip(fresh, self.block_steps([reqs[i] for i in fresh])):
+                states[i].steps, states[i].fresh = n, False
+        groups = self.rows.split(slots, [s.steps for s in states])
+        for rows, idx, ss in groups:
+            new = [j for j, i in enumerate(rows) if i in fresh]
+            if new:
+                ss.reset(idx[new])
+                ss.begin_block(idx[new], masked[[rows[j] for j in new]])
+        return groups
 
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
         """dLLM-Cache: hand the model its cache policy and each row's denoise step
@@ -193,21 +213,27 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)
-        slots = self.sampler_rows(forward_batch, states, masked)
-        st = self.rows.gather(slots)
-        done = self.sampler.rows_done(st, masked).tolist()
-        if all(done):
-            return done
+        logits = full_logits.view(B, L, -1)
         pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
         x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
-        before = ids.clone()
-        x, after = denoise_step(self.sampler, st, full_logits.view(B, L, -1), x, self.token_context(ids.device))
-        self.rows.scatter(slots, st)
-        ids.copy_(torch.where(x == -1, ids, x))  # in place: forward_batch.input_ids
+        before, done, after = ids.clone(), torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
+        for rows, slots, ss in self.sampler_rows(forward_batch, states, masked):
+            st = ss.gather(slots)
+            r = torch.tensor(rows, device=ids.device)
+            done[rows] = self.sampler.rows_done(st, masked[r]).cpu()
+            if bool(done[rows].all()):
+                after[rows] = True
+                continue
+            xr, a = denoise_step(self.sampler, st, logits[r], x[r], self.token_context(ids.device))
+            ss.scatter(slots, st)
+            ids[r] = torch.where(xr == -1, ids[r], xr)  # in place: forward_batch.input_ids
+            after[rows] = a.cpu()
+        if bool(done.all()):
+            return done.tolist()
         if self.opts.caching:  # rows whose block is done: their next forward persists it
             for s, final in zip(states, after.tolist()):
                 s.final = final
-        return block_final(torch.tensor(done), before, ids, after).tolist()
+        return block_final(done, before, ids, after).tolist()
 
 
 def disable_cuda_graphs(server_args, why: str) -> None:

@@ -57,8 +57,8 @@ from types import SimpleNamespace
 
 from dllm_core.cache import DLLMCache, PrefixCache
 from dllm_core.cache.executor import CachedStep, FeatureStore
-from dllm_core.engine.step import SlotStates, denoise_step, plan_step
-from dllm_core.sampling import Sampler, TokenContext
+from dllm_core.engine.step import SlotGroups, denoise_step, plan_step
+from dllm_core.sampling import TokenContext
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
@@ -68,10 +68,24 @@ logger = logging.getLogger(__name__)
 WORK_KEPT = 4096  # finished requests whose work stays readable (``FastDllmHost.finished_work``)
 
 
-def response_length(max_new_tokens: int | None, block: int) -> int:
-    """The canvas length G of a request: ``max_new_tokens`` in whole blocks (admission refuses other
-    values; a length SGLang clipped later is rounded up, the tokens past it are not emitted)."""
-    return -(-max(max_new_tokens or 0, 0) // block) * block
+class BatchRequests:
+    """The SGLang ``Req``s of the next forward batch (prompt ids, output ids, sampling params, block offset),
+    from the plugin's ``ForwardBatch.init_new`` hook: SGLang passes none of it to the algorithm or the model."""
+
+    def __init__(self, what: str = "dllm-serve"):
+        self.what, self.pending = what, None  # (request slots [B], the batch's Reqs)
+
+    def expect(self, slots: torch.Tensor, reqs: list) -> None:
+        self.pending = (slots, list(reqs))
+
+    def requests(self, slots: list[int]) -> list:
+        if self.pending is None or self.pending[0].tolist() != slots:
+            raise RuntimeError(f"{self.what}: no request info for this batch; the dllm-serve SGLang plugin's "
+                               "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
+        return self.pending[1]
+
+
+BATCH = BatchRequests()  # the algorithms' view (any model class)
 
 
 class Response:
@@ -81,9 +95,10 @@ class Response:
     the executor tallied dLLM-Cache rows: no sync per step - and ``full_token_layers``)."""
 
     def __init__(self, slot: int, gen: int, prompt, output, G: int, L: int, mask_id: int, device,
-                 rid: str | None = None):
+                 rid: str | None = None, block_steps: int = 0):
         out = list(output)[:G]  # committed before (a request SGLang retracted and re-admitted)
         self.slot, self.gen, self.P, self.G, self.L = slot, gen, len(prompt), G, L
+        self.steps_per_block = block_steps or L  # the sampler's steps per block (fixed schedules)
         self.rid = rid if rid is not None else f"slot{slot}.gen{gen}"  # SGLang's request id
         self.forwards, self.full_token_layers = 0, 0
         self.token_layers: int | torch.Tensor = 0
@@ -151,10 +166,10 @@ class FastDllmHost:
     rows per request slot (dllm_core ``SlotStates``), refresh decisions (``PrefixCache.refresh`` /
     ``host_rows``) and commits (``denoise_step``). ``prepare`` plans a forward, ``step`` takes it."""
 
-    def __init__(self, policy: PrefixCache | DLLMCache, sampler: Sampler, steps: int, L: int, mask_id: int):
-        self.policy, self.sampler, self.steps, self.L, self.mask_id = policy, sampler, steps, L, mask_id
+    def __init__(self, policy: PrefixCache | DLLMCache, opts, L: int, mask_id: int):
+        self.policy, self.opts, self.sampler, self.L, self.mask_id = policy, opts, opts.sampler, L, mask_id
         self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
-        self.rows: SlotStates | None = None
+        self.rows: SlotGroups | None = None
         self.fwd: FastDllmForward | None = None
         self.batch: tuple[list[Response], list[int], list[int]] | None = None  # (responses, offsets, live rows)
         self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished, by request id
@@ -202,22 +217,24 @@ class FastDllmHost:
         rows: list[RowPlan | None] = [None] * len(resps)
         if not live:
             return rows
-        idx, x = self._blocks(resps, live)
-        new = [j for j, b in enumerate(live) if resps[b].new]
+        new = [b for b in live if resps[b].new]
         if new:
-            self.rows.begin_block(idx[new], x[new] == self.mask_id)
-            for j in new:
-                resps[live[j]].new = False
-                resps[live[j]].block_steps = 0
+            for bs, idx, ss in self._groups(resps, new):
+                ss.begin_block(idx, torch.stack([resps[b].block_ids() for b in bs]) == self.mask_id)
+            for b in new:
+                resps[b].new = False
+                resps[b].block_steps = 0
         if isinstance(self.policy, DLLMCache):  # no focus: every step runs the whole sequence
             for b in live:
                 rows[b] = self._plan_dllm(resps[b])
                 self.fwd.bind(resps[b], self.policy)
             return rows
-        flo, fhi = plan_step(self.sampler, self.rows.gather(idx), x == self.mask_id).focus
-        for b, lo, hi in zip(live, flo.tolist(), fhi.tolist()):
-            rows[b] = self._plan_row(resps[b], lo, hi, shift)
-            self.fwd.bind(resps[b])
+        for bs, idx, ss in self._groups(resps, live):
+            x = torch.stack([resps[b].block_ids() for b in bs])
+            flo, fhi = plan_step(self.sampler, ss.gather(idx), x == self.mask_id).focus
+            for b, lo, hi in zip(bs, flo.tolist(), fhi.tolist()):
+                rows[b] = self._plan_row(resps[b], lo, hi, shift)
+                self.fwd.bind(resps[b])
         return rows
 
     def step(self, fb: ForwardBatch, logits: torch.Tensor, tc: TokenContext) -> list[bool]:
@@ -225,13 +242,13 @@ class FastDllmHost:
         blocks), the canvas mirrored into SGLang's block ids; -> per row whether SGLang's block is decoded."""
         resps, offsets, live = self.batch
         B, L = fb.batch_size, self.L
-        if live:
-            idx, x = self._blocks(resps, live)
-            st = self.rows.gather(idx)
-            rows = torch.tensor(live, device=logits.device)
+        for bs, idx, ss in self._groups(resps, live):
+            st = ss.gather(idx)
+            x = torch.stack([resps[b].block_ids() for b in bs])
+            rows = torch.tensor(bs, device=logits.device)
             x, after = denoise_step(self.sampler, st, logits.view(B, L, -1)[rows], x, tc)
-            self.rows.scatter(idx, st)
-            for j, (b, fin) in enumerate(zip(live, after.tolist())):
+            ss.scatter(idx, st)
+            for j, (b, fin) in enumerate(zip(bs, after.tolist())):
                 r = resps[b]
                 r.ids[r.start:r.start + L] = x[j]
                 if fin:  # the loop's next block (its first step refreshes)
@@ -256,8 +273,7 @@ class FastDllmHost:
     def _bind(self, model_runner, slots: list[int], reqs: list, device) -> list[Response]:
         """The batch's responses; a slot whose generation moved (a new request) gets a fresh one."""
         if self.rows is None:
-            self.rows = SlotStates(self.sampler, self.L, self.steps, device)
-        self.rows.grow(max(slots) + 1)
+            self.rows = SlotGroups(self.sampler, self.L, device)
         gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
         out = []
         for slot, gen, req in zip(slots, gens, reqs):
@@ -265,17 +281,18 @@ class FastDllmHost:
             if r is None or r.gen != gen:
                 if r is not None:
                     self.fwd.release(r)
-                G = response_length(req.sampling_params.max_new_tokens, self.L)
-                r = self.responses[slot] = Response(slot, gen, req.origin_input_ids, req.output_ids, G, self.L,
-                                                    self.mask_id, device, getattr(req, "rid", None))
-                self.rows.reset(torch.tensor([slot], device=device))
+                plan = self.opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
+                r = self.responses[slot] = Response(slot, gen, req.origin_input_ids, req.output_ids, plan.decoded,
+                                                    self.L, self.mask_id, device, getattr(req, "rid", None),
+                                                    plan.steps_per_block)
+                self.rows.states(r.steps_per_block, slot + 1).reset(torch.tensor([slot], device=device))
             out.append(r)
         return out
 
-    def _blocks(self, resps: list[Response], live: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-        """Request slots [m] and canvas blocks [m, L] of the live rows."""
-        x = torch.stack([resps[b].block_ids() for b in live])
-        return torch.tensor([resps[b].slot for b in live], device=x.device), x
+    def _groups(self, resps: list[Response], rows: list[int]):
+        """Batch rows grouped by their steps per block: [(rows, request slots [m], SlotStates)]."""
+        return [([rows[i] for i in g], idx, ss) for g, idx, ss in
+                self.rows.split([resps[b].slot for b in rows], [resps[b].steps_per_block for b in rows])]
 
     def _plan_dllm(self, r: Response) -> RowPlan:
         """dLLM-Cache: the whole sequence, at the request's step counter (``DLLMCache.counter``)."""
@@ -367,21 +384,17 @@ class FastDllmForward:
 
     def __init__(self, model):
         self.model = model
-        self.pending: tuple[torch.Tensor, list] | None = None  # (request slots [B], the batch's Reqs)
+        self.reqs = BatchRequests("Fast-dLLM cache")
         self.plan: ForwardPlan | None = None
         self.kv: ResponseKV | None = None
         self.tallies: torch.Tensor | None = None  # dLLM-Cache: [m] token-layers of the last forward's requests
 
     def expect(self, slots: torch.Tensor, reqs: list) -> None:
-        """The next batch's request slots and SGLang ``Req``s (prompt ids, output ids, sampling params,
-        block offset), from the plugin's ``ForwardBatch.init_new`` hook."""
-        self.pending = (slots, list(reqs))
+        """The next batch's request slots and SGLang ``Req``s, from the plugin's ``ForwardBatch.init_new`` hook."""
+        self.reqs.expect(slots, reqs)
 
     def requests(self, slots: list[int]) -> list:
-        if self.pending is None or self.pending[0].tolist() != slots:
-            raise RuntimeError("Fast-dLLM cache: no request info for this batch; the dllm-serve SGLang plugin's "
-                               "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
-        return self.pending[1]
+        return self.reqs.requests(slots)
 
     def bind(self, r: Response, cache: DLLMCache | None = None) -> None:
         """A response K/V row for a request being decoded (dLLM-Cache: its prompt / response features)."""

@@ -5,8 +5,9 @@ One YAML mapping per launch. Keys:
 * the sampler's own options, under dllm_core's names (SlowFast: ``min_conf, high, k, w_hist,
   var, k_fast, stat, fallback, slow_commit_high``; FastDllmThreshold: ``tau``; FastDllmFactor:
   ``f``; every sampler: ``confidence``) - or, for the generic ``DllmCore`` algorithm, ``sampler``:
-  a dllm_core spec (``"low_confidence"``, ``"slowfast:k=6,high=0.9"``) plus ``steps`` (denoising
-  steps per block for fixed-schedule samplers);
+  a dllm_core spec (``"low_confidence"``, ``"slowfast:k=6,high=0.9"``) plus ``steps`` (the total
+  denoising steps over a response, as ``dllm generate --steps``, split over its blocks by fixed-schedule
+  samplers; default one per position);
 * ``temperature``, ``top_p``, ``top_k``, ``seed``: proposal sampling (default greedy);
 * ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
   first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
@@ -27,11 +28,11 @@ from pathlib import Path
 
 from dllm_core.cache import DLLMCache, DualCache, PrefixCache
 from dllm_core.cache.canvas import CanvasCache
+from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.options import OptionError, check_value, parse_spec
-from dllm_core.sampling import SAMPLERS, Sampler, make_sampler
-from dllm_core.sampling.base import check_proposal
+from dllm_core.sampling import SAMPLERS, Sampler
 
-DECODING = {"temperature": "float", "top_p": "float", "top_k": "int", "seed": "int"}
+DECODING = ("temperature", "top_p", "top_k", "seed")
 HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
 CACHE_KEY = "dllm_cache"
 POLICY_KEY = "cache"
@@ -104,31 +105,32 @@ def build(cls, opts: dict, where: str, also_allowed=(), exclude=()):
 
 @dataclass(frozen=True)
 class AlgorithmOptions:
-    """A parsed ``--dllm-algorithm-config`` for one algorithm."""
+    """A parsed ``--dllm-algorithm-config`` for one algorithm: dllm_core ``DecodeOptions`` (sampler, ``steps``:
+    the total over a response, proposal sampling, seed) + the cache of SGLang's block canvas or the policy
+    over the whole response."""
 
-    sampler: Sampler
+    decode: DecodeOptions
     cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
     fast_dllm: PrefixCache | DLLMCache | None = None  # cache: prefix / dual / dllm (the embedded engine's semantics)
-    steps: int | None = None          # fixed-schedule samplers: denoising steps per block
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    seed: int = 0
 
-    def __post_init__(self):
-        check_proposal(self.temperature, self.top_p, self.top_k)
-        if self.steps is not None and self.steps < 1:
-            raise ValueError(f"steps must be >= 1, got {self.steps}")
+    @property
+    def sampler(self) -> Sampler:
+        return self.decode.sampler
 
     @property
     def caching(self) -> bool:
         """Whether the dLLM-Cache feature cache runs (data-dependent: no CUDA graphs)."""
         return self.cache is not None and not self.cache.exact
 
+    def response(self, max_new_tokens: int | None, block: int) -> ResponsePlan:
+        """A request's response under these options (``max_new_tokens`` in whole blocks of SGLang's block)."""
+        names = {"gen_length": "max_new_tokens", "block_length": "block_size", "steps": "steps"}
+        return self.decode.response(block if max_new_tokens is None else max_new_tokens, block, lambda n: names[n])
+
     @classmethod
     def parse(cls, algo: str, sampler_name: str | None, cfg: dict) -> "AlgorithmOptions":
         """``sampler_name``: the dllm_core sampler behind a named algorithm (its options are the
-        YAML's top-level keys); None: the generic algorithm (``sampler: <spec>``)."""
+        YAML's top-level keys); None: the generic algorithm (``sampler: <spec>``, ``steps``)."""
         cfg = dict(cfg)
         for k in HOST_KEYS:
             cfg.pop(k, None)
@@ -140,28 +142,15 @@ class AlgorithmOptions:
         if fast is not None and cache is not None:
             raise ValueError(f"{algo}: {POLICY_KEY}: {fast.name} and {CACHE_KEY} exclude each other "
                              f"(dLLM-Cache runs over SGLang's block canvas)")
-        decoding = {k: check_value(cfg.pop(k), t, f"{algo}.{k}") for k, t in DECODING.items() if k in cfg}
+        decoding = {k: cfg.pop(k) for k in DECODING if k in cfg}
         if sampler_name is None:
-            sampler, steps = cls._generic(algo, cfg)
+            unknown = sorted(set(cfg) - {"sampler", "steps"})
+            if unknown:
+                allowed = ["sampler", "steps", CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]
+                raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")
+            decoding.update(cfg)
         else:
-            sampler, steps = build(SAMPLERS[sampler_name], cfg, algo,
-                                   [CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]), None
-        try:
-            return cls(sampler, None if cache is None else build(CanvasCache, cache, f"{algo}.{CACHE_KEY}",
-                                                                  exclude=NOT_IN_SGLANG), fast, steps, **decoding)
-        except ValueError as e:
-            raise ValueError(f"{algo}: {e}") from None
-
-    @staticmethod
-    def _generic(algo: str, cfg: dict):
-        allowed = ["sampler", "steps", CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]
-        unknown = sorted(set(cfg) - {"sampler", "steps"})
-        if unknown:
-            raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")
-        spec = check_value(cfg.get("sampler", "low_confidence"), "str", f"{algo}.sampler")
-        steps = check_value(cfg.get("steps"), "int | None", f"{algo}.steps")
-        try:
-            sampler = make_sampler(spec)
-        except ValueError as e:  # a spec string: its errors name the spec's own syntax
-            raise ValueError(f"{algo}.sampler: {e}") from None
-        return sampler, steps
+            decoding["sampler"] = build(SAMPLERS[sampler_name], cfg, algo, [CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS])
+        decode = DecodeOptions.build(decoding, f"{algo}.", only=("sampler", "steps", *DECODING))
+        block_cache = None if cache is None else build(CanvasCache, cache, f"{algo}.{CACHE_KEY}", exclude=NOT_IN_SGLANG)
+        return cls(decode, block_cache, fast)

@@ -142,10 +142,15 @@ def add_last_prefix_ids(forward_batch, cls, batch, model_runner, *args, **kwargs
 
 
 def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
-    """AFTER ``ForwardBatch.init_new``: hand a dllm-serve model the batch's ``Req``s (references, no
-    copies): Fast-dLLM reads a request's prompt ids and ``max_new_tokens`` at its first step."""
+    """AFTER ``ForwardBatch.init_new``: hand the algorithms (and a dllm-serve model) the batch's ``Req``s
+    (references, no copies): a request's prompt ids and ``max_new_tokens`` (its response, its steps per block)."""
+    if batch.dllm_config is None or not forward_batch.forward_mode.is_dllm_extend():
+        return forward_batch
+    from .fast_dllm import BATCH
+
+    BATCH.expect(forward_batch.req_pool_indices, batch.reqs)
     fast = getattr(getattr(model_runner, "model", None), "fast_dllm", None)
-    if fast is not None and batch.dllm_config is not None and forward_batch.forward_mode.is_dllm_extend():
+    if fast is not None:
         fast.expect(forward_batch.req_pool_indices, batch.reqs)
     return forward_batch
 

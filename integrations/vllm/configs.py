@@ -71,9 +71,7 @@ def config_hook():
         def verify_and_update_config(cls, vllm_config) -> None:
             from vllm.config.diffusion import DiffusionConfig
 
-            from .options import DllmOptions
-
-            from .options import SERVED
+            from .options import SERVED, server_options
 
             mc, sc, cc = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
             if vllm_config.diffusion_config is None:
@@ -85,7 +83,7 @@ def config_hook():
                 raise ValueError(f"--diffusion-config canvas_length {SERVED['canvas_length']} must equal the "
                                  f"checkpoint's block_size {block} ({type(mc.hf_config).__name__} attends "
                                  f"block-causally: one grid block per canvas)")
-            SERVED["defaults"] = DllmOptions.from_additional_config(vllm_config.additional_config)  # fail fast
+            SERVED["defaults"] = server_options(vllm_config.additional_config)  # fail fast
             # The prompt is prefilled bidirectionally: its K/V depend on the whole prompt, so a
             # prompt must be prefilled in one chunk and never shared through prefix caching.
             cc.enable_prefix_caching = False

@@ -15,7 +15,7 @@ import runpy
 import sys
 from importlib.metadata import PackageNotFoundError, version
 
-from .options import DllmOptions
+from .options import server_options
 
 FLAGS = {"sampler": str, "cache": str, "steps": int, "temperature": float}
 
@@ -32,7 +32,7 @@ def fold_dllm_flags(argv: list[str]) -> list[str]:
     dllm.update({k: getattr(ns, k) for k in FLAGS if getattr(ns, k) is not None})
     if dllm:
         extra = {**extra, "dllm": dllm}
-        DllmOptions.from_additional_config(extra)
+        server_options(extra)
     return rest + (["--additional-config", json.dumps(extra)] if extra else [])
 
 

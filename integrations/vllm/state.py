@@ -26,16 +26,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache
+from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache, host_cache
 from dllm_core.cache.executor import CachedStep, FeatureStore, NoFeatures, Region
 from dllm_core.engine.generate import grid_canvas_width
+from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
 from dllm_core.sampling import Sampler, TokenContext
 
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.model_states.interface import ModelState
 
-from .options import SERVED, DllmOptions
+from .options import SERVED, request_options, request_plan, server_options
 
 logger = logging.getLogger(__name__)
 
@@ -50,7 +51,7 @@ class RequestPolicy:
     sampler: Sampler
     cache: CachePolicy  # CanvasCache (block-canvas, response-side dLLM-Cache) or PrefixCache (Fast-dLLM)
     block_length: int  # semi-AR block inside the canvas
-    steps: int  # per block (fixed-schedule samplers)
+    steps: int  # per block (fixed-schedule samplers): the request's total split over its blocks
     temperature: float
     top_p: float | None
     top_k: int | None
@@ -60,13 +61,10 @@ class RequestPolicy:
     stream: bool  # emit each block when decoded; the next canvas is the rest of the response
 
     @classmethod
-    def resolve(cls, opts: DllmOptions, sampling_params, canvas_len: int) -> "RequestPolicy":
+    def resolve(cls, opts: DecodeOptions, sampling_params, plan: ResponsePlan) -> "RequestPolicy":
         top_p = getattr(sampling_params, "top_p", 1.0)
         top_k = getattr(sampling_params, "top_k", 0)
-        block = opts.block_length or canvas_len
-        if canvas_len % block:
-            raise ValueError(f"block_length {block} must divide the served canvas_length {canvas_len}")
-        return cls(opts.sampler_obj(), opts.cache_obj(), block, opts.steps or block, opts.temperature,
+        return cls(opts.sampler, host_cache(opts.cache), plan.block_length, plan.steps_per_block, opts.temperature,
                    top_p if top_p is not None and top_p < 1.0 else None,
                    top_k if top_k is not None and top_k > 0 else None,
                    opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, opts.stream)
@@ -136,7 +134,7 @@ class DllmStates:
             raise ValueError("config.json: mask_token_id is required to serve a masked diffusion model")
         self.pad_id = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
         SERVED["canvas_length"], SERVED["block_causal"] = self.canvas_len, block_causal or None
-        self.defaults = DllmOptions.from_additional_config(vllm_config.additional_config)
+        self.defaults = SERVED["defaults"] = server_options(vllm_config.additional_config)
         self.canvas = torch.full((max_reqs, self.canvas_len), self.mask_id, dtype=torch.long, device=device)
         self.phase = np.zeros(max_reqs, dtype=np.int8)
         self.offset = np.zeros(max_reqs, dtype=np.int64)  # canvas column of the first scheduled position
@@ -165,8 +163,9 @@ class DllmStates:
         self.tp = vllm_config.parallel_config.tensor_parallel_size
 
     def add(self, slot: int, sampling_params, prompt: list[int], req_id: str | None = None) -> None:
-        opts = self.defaults.with_request(getattr(sampling_params, "extra_args", None))
-        pol = RequestPolicy.resolve(opts, sampling_params, self.canvas_len)
+        opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults)
+        plan = request_plan(opts, getattr(sampling_params, "max_tokens", None), self.canvas_len)
+        pol = RequestPolicy.resolve(opts, sampling_params, plan)
         if self.block_causal:  # every admitted cache is exact there: one execution serves them all
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         if pol.cached and not pol.fast_dllm and self.tp > 1:  # V-verify picks per shard would differ
@@ -177,7 +176,7 @@ class DllmStates:
         self.tokens[slot] = list(prompt)
         self.req_ids[slot] = req_id
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
-        self.response_left[slot] = getattr(sampling_params, "max_tokens", None) or self.canvas_len
+        self.response_left[slot] = plan.decoded  # positions to decode (whole blocks; vLLM emits max_tokens of them)
         self.prompt_len[slot], self.request_steps[slot] = len(prompt), 0
         self.fd_key[slot], self.fd_age[slot] = -1, 0
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
