@@ -23,7 +23,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,7 +40,8 @@ def run_sglang(args, task, prompts, mask_id: int) -> tuple[list[list[int]], floa
     from sglang.srt.plugins import load_plugins
 
     from integrations.sglang import algorithm
-    from integrations.sglang.testing import BlockDriver, CpuModelRunner, load_sglang_model
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))  # the CPU stand-in of the tests
+    from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model
 
     load_plugins()
     cls = getattr(algorithm, args.algorithm)

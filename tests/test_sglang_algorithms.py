@@ -19,7 +19,7 @@ pytest.importorskip("sglang.srt.dllm.algorithm")
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.sampling import TokenContext, make_sampler  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
-from integrations.sglang.testing import BlockDriver, CpuRunner  # noqa: E402
+from sglang_cpu import BlockDriver, CpuRunner  # noqa: E402
 from sglang.srt.dllm.algorithm.low_confidence import LowConfidence  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 

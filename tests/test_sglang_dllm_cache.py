@@ -1,8 +1,8 @@
 """dLLM-Cache (``cache: dllm`` in ``--dllm-algorithm-config``) in SGLang equals the embedded engine with the
 same policy, token for token.
 
-On the CPU stand-in (``integrations/sglang/testing.py``), several prompts of different lengths decode
-concurrently through SGLang's block scheduler (``fast_dllm.py``: the per-request canvas, SGLang's block a
+On the CPU stand-in (``tests/sglang_cpu.py``), several prompts of different lengths decode
+concurrently through SGLang's block scheduler (``response.py``: the per-request canvas, SGLang's block a
 window onto it); every step runs each request's whole sequence, per layer recomputing what
 ``DLLMCache.recomputes`` says at the request's own step counter. Each output equals the UNBATCHED
 ``generate(model, [prompt], GenerationConfig(..., cache="dllm:..."))`` (the embedded engine shares one
@@ -17,7 +17,7 @@ from dllm_core import load_model  # noqa: E402
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmThreshold, SlowFast  # noqa: E402
-from integrations.sglang.testing import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
+from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 
@@ -77,8 +77,8 @@ def test_work_counters_equal_the_embedded_engine(models, arch):
     for p, row in zip(PROMPTS, driver.rows):
         c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                 cache=cache)).counters
-        rid = algo.fast.responses[row.slot].rid
-        assert algo.fast.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
+        rid = algo.whole.responses[row.slot].rid
+        assert algo.whole.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
                                        "full_token_layers": c.full_token_layers}, p
         assert c.token_layers < c.full_token_layers
 
@@ -102,16 +102,16 @@ def test_random_select_and_prompt_kv_in_pool(models):
     mask, cache = ref.args.mask_token_id, "dllm:kp=3,kr=2,rho=0.5,select=random,seed=7"
     runner = CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS))
     algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": cache}, L, mask, 8))
-    seen, release = [], sg.fast_dllm.release
-    sg.fast_dllm.release = lambda r: (r.feats is not None and seen.append(
+    seen, release = [], sg.response_forward.release
+    sg.response_forward.release = lambda r: (r.feats is not None and seen.append(
         (r.slot, r.P, r.feats.prompt.bufs[0][:, 0].clone(), r.feats.prompt.bufs[1][:, 0].clone())), release(r))[1]
     try:
         out = BlockDriver(algo, runner).generate(PROMPTS, GEN, mask)
     finally:
-        sg.fast_dllm.release = release
+        sg.response_forward.release = release
     assert out == reference(ref, "threshold:tau=0.7", GEN, cache)
     assert sorted(P for _, P, _, _ in seen) == sorted(map(len, PROMPTS))
-    assert all(r.feats is None for r in algo.fast.responses.values())
+    assert all(r.feats is None for r in algo.whole.responses.values())
     pool, r2t = runner.token_to_kv_pool, runner.req_to_token_pool.req_to_token
     for slot, P, k, v in seen:
         loc = r2t[slot, :P].long()
@@ -137,6 +137,6 @@ def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
     assert view.disable_radix_cache and "cache dllm (dLLM-Cache)" in caplog.text
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED
     cfg = DllmConfig.from_server_args(sa)
-    assert (cfg.fast_dllm().kp, cfg.fast_dllm().kr, cfg.fast_dllm().rho) == (4, 2, 0.25)
+    assert (cfg.policy().kp, cfg.policy().kr, cfg.policy().rho) == (4, 2, 0.25)
     req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=0))
     assert cfg.validate_request(req) == "DllmCore: max_new_tokens must be >= 1, got 0"

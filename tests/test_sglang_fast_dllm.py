@@ -1,7 +1,7 @@
 """Fast-dLLM's ``prefix`` / ``dual`` caches in SGLang (``cache:`` in ``--dllm-algorithm-config``) equal the
 embedded engine with the same policy, token for token.
 
-On the CPU stand-in (``integrations/sglang/testing.py``): SGLang's model classes loaded by its model loader,
+On the CPU stand-in (``tests/sglang_cpu.py``): SGLang's model classes loaded by its model loader,
 its real KV pools (the prompt's K/V rewritten in place at every refresh), the algorithms' real ``run``
 loops (synchronous and FDFO) and SGLang's block layout (blocks aligned to multiples of ``block_size``
 from position 0, full prompt blocks prefilled block-causally, the first denoised block holding the
@@ -21,9 +21,9 @@ from dllm_core import load_model  # noqa: E402
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
-from integrations.sglang.fast_dllm import FastDllmForward  # noqa: E402
+from integrations.sglang.response import ResponseForward  # noqa: E402
 from integrations.sglang.plugin import add_request_info  # noqa: E402
-from integrations.sglang.testing import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
+from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
 from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.model_executor.cuda_graph_config import Backend  # noqa: E402
@@ -61,8 +61,14 @@ IDS = [f"{c[0].__name__}-{c[4]}-{'fdfo' if c[5] else 'sync'}" for c in CASES]
 
 
 def serve(sg, mask, cls, cfg, cache, fdfo, prompts=PROMPTS, gen=GEN):
-    algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
+    algo = serve.algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
     return BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(prompts))).generate(prompts, gen, mask)
+
+
+def recomputed(r) -> tuple[int, int]:
+    """The positions [lo, hi) a step of a row plan recomputes in every layer (prefix / dual)."""
+    P, part = r.resp.P, r.plan.cover("response", r.resp.P, r.resp.end)
+    return (r.plan.run_from if r.plan.run_from < P else P + part.always[0]), P + part.always[1]
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -77,8 +83,7 @@ def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdf
         want = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                    cache=cache))
         assert got == want.tokens[0].tolist(), p
-    kv = sg.fast_dllm.kv
-    assert sorted(kv.free) == list(range(kv.rows))  # every decoded response gave its K/V row back
+    assert all(r.feats is None for r in serve.algo.whole.responses.values())  # every response gave its features back
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -90,12 +95,13 @@ def test_rows_each_step_recomputes(models, arch, cache):
     not the uncached one."""
     sg, ref = models[arch]
     mask, shift = ref.args.mask_token_id, int(ref.shift_logits)
-    seen, orig = [], sg.fast_dllm.hidden
-    sg.fast_dllm.hidden = lambda rows: (seen.extend((r.resp.P, r.start, r.lo, r.hi) for r in rows), orig(rows))[1]
+    seen, orig = [], sg.response_forward.hidden
+    sg.response_forward.hidden = lambda rows: (seen.extend((r.resp.P, r.start, *recomputed(r)) for r in rows),
+                                               orig(rows))[1]
     try:
         out = serve(sg, mask, FastDllmThreshold, {"tau": 0.7}, cache, False)
     finally:
-        sg.fast_dllm.hidden = orig
+        sg.response_forward.hidden = orig
     starts = set()
     for P, s, lo, hi in seen:
         if (s, P) not in starts:  # a block's first step: a refresh
@@ -117,16 +123,16 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
     run's with the same policy: one forward per step of its canvas, the rows each step recomputed x
     n_layers, and (P + G) x n_layers per step for the uncached baseline. SGLang's prompt-prefill forwards
     and the forwards after a response is decoded run no layer for it and are not counted (the first
-    refresh recomputes the prompt), so no term differs. Read by request id (``FastDllmHost.work``,
+    refresh recomputes the prompt), so no term differs. Read by request id (``ResponseHost.work``,
     ``finished_work``) once decoded; four concurrent prompts, sync (prefix) and FDFO (dual)."""
     sg, ref = models[arch]
     cls, cfg, spec, steps, cache, fdfo = CASES[case]
     mask = ref.args.mask_token_id
     algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
     driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS)))
-    with caplog.at_level(logging.DEBUG, logger="integrations.sglang.fast_dllm"):
+    with caplog.at_level(logging.DEBUG, logger="integrations.sglang.response"):
         driver.generate(PROMPTS, GEN, mask)
-    host = algo.fast
+    host = algo.whole
     rids = [host.responses[row.slot].rid for row in driver.rows]
     assert sorted(host.finished_work) == sorted(rids) and len(set(rids)) == len(PROMPTS)
     assert all(f"request {rid} decoded: " in caplog.text for rid in rids)  # the debug line per response
@@ -168,7 +174,7 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
     assert view.disable_radix_cache and "radix cache disabled" in caplog.text
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED
     cfg = DllmConfig.from_server_args(sa)
-    assert cfg.fast_dllm().every == 2 and type(cfg.fast_dllm()).__name__ == "DualCache"
+    assert cfg.policy().every == 2 and type(cfg.policy()).__name__ == "DualCache"
 
     def req(n):
         return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=n))
@@ -177,7 +183,7 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
     for n in (0, None):  # admission: HTTP 400
         assert cfg.validate_request(req(n)) == "FastDllmThreshold: max_new_tokens must be >= 1, got 0"
     plain = DllmConfig.from_server_args(resolved(ckpt["llada"], "SlowFast", "cache: canvas", tmp_path))
-    assert plain.fast_dllm() is None and plain.validate_request(req(L + 1)) is None
+    assert plain.policy() is None and plain.validate_request(req(L + 1)) is None
     total = DllmConfig.from_server_args(resolved(ckpt["llada"], "DllmCore", f"block_size: {L}\nsteps: 4", tmp_path))
     assert total.validate_request(req(2 * L)) is None  # steps: the total over the response (2 per block)
     assert total.validate_request(req(3 * L)).startswith("DllmCore: steps 4 must be a multiple of the number of "
@@ -240,10 +246,10 @@ def test_cache_needs_a_dllm_serve_model(tmp_path):
 def test_request_info_hook():
     """The ForwardBatch hook hands the model the batch's requests (dLLM blocks only); a forward planned
     for another batch is refused."""
-    fwd = FastDllmForward(None)
+    fwd = ResponseForward(None)
     reqs = [SimpleNamespace(origin_input_ids=[1, 2]), SimpleNamespace(origin_input_ids=[3])]
     batch = SimpleNamespace(dllm_config=object(), reqs=reqs)
-    runner = SimpleNamespace(model=SimpleNamespace(fast_dllm=fwd))
+    runner = SimpleNamespace(model=SimpleNamespace(response_forward=fwd))
 
     def fb(mode):
         return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor([5, 2]))

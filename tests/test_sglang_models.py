@@ -15,7 +15,7 @@ from dllm_core import load_model  # noqa: E402
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
-from integrations.sglang.testing import BlockDriver, CpuModelRunner, Row, load_sglang_model  # noqa: E402
+from sglang_cpu import BlockDriver, CpuModelRunner, Row, load_sglang_model  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 

@@ -14,6 +14,7 @@ from dllm_core import GenerationConfig, generate, load_model
 
 pytest.importorskip("vllm")
 from vllm_harness.jobs import ENGINE, finish_engine, start_engine, stop, tiny_checkpoint  # noqa: E402
+from toy_policy import TOY  # noqa: E402
 
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
@@ -43,6 +44,9 @@ CASES = {
     "dllm_per_block": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK,
                         "dllm_cache": "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true"}, "slowfast",
                        "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true", BLOCK, BLOCK),
+    # a policy defined outside the engines (tests/toy_policy.py), served by its import path: the host contract
+    "toy_policy": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK, "dllm_cache": TOY},
+                   "threshold:tau=0.6", TOY, BLOCK, BLOCK),
     "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
                    "low_confidence", "none", BLOCK, 4),
     # streaming: each block is emitted when decoded; the next canvas is the rest of the response

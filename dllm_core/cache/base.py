@@ -108,6 +108,13 @@ class CachePolicy:
     # a paged host recomputes the prefix it holds (prompt + emitted tokens) with the masked response present, so
     # the response must be decoded as one canvas (Fast-dLLM, dLLM-Cache); False: the prefix's K/V stay frozen
     refreshes_prefix: ClassVar[bool] = False
+    picks: ClassVar[bool] = False  # V-verify picks rows by their features (tensor-parallel ranks would differ)
+    spans_response: ClassVar[bool] = False  # a host's features span the whole response (not only the canvas)
+
+    @property
+    def stores_features(self) -> bool:
+        """Whether a host keeps the features of this policy's parts between steps."""
+        return self.refreshes_prefix
     graphs: bool = True  # replay fixed-shape forwards as CUDA graphs (CUDA only)
 
     def begin(self, model, canvas: Canvas) -> CacheState:

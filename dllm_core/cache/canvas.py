@@ -51,9 +51,10 @@ import numpy as np
 import torch
 
 from .base import CachePolicy, CacheState, kv_buffers, nbytes
+from .host import HostPart, HostPlan, HostRequest, HostStep
 from .executor import CachedRows, Features, FeatureReuse, cached_layer
 from ..models.layers import BlockOps
-from ..options import check_min, parse_spec
+from ..options import check_min
 
 
 class CanvasState(CacheState):
@@ -157,9 +158,9 @@ class CanvasCache(FeatureReuse, CachePolicy):
         """Canvas policy for a host engine's cache option: ``none`` / ``canvas:..`` (exact unless
         kr > 1) or a ``dllm:..`` spec (its response-side knobs; ``kp`` is moot: the prefix is
         exact). ``prefix`` / ``dual`` are not canvas policies (``cache.host_cache`` serves them)."""
-        from . import CACHES  # late: the registry imports this module
+        from . import make_cache  # late: the registry imports this module
 
-        pol = spec if isinstance(spec, CachePolicy) else parse_spec(spec, CACHES, option)
+        pol = make_cache(spec, option)
         if isinstance(pol, CanvasCache):
             return pol
         if pol.name == "none":
@@ -172,6 +173,23 @@ class CanvasCache(FeatureReuse, CachePolicy):
     @property
     def exact(self) -> bool:
         return self.kr == 1
+
+    @property
+    def stores_features(self) -> bool:
+        return not self.exact
+
+    @property
+    def picks(self) -> bool:
+        return not self.exact
+
+    def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
+        """A paged host's step: the prefix is frozen (not run); the canvas is recomputed whole (exact) or by
+        the ``full_layer`` schedule at the request's step in the canvas, V-verify elsewhere."""
+        if self.exact:
+            return HostPlan(step.prefix)
+        c = req.canvas_steps
+        return HostPlan(step.prefix, [HostPart("response", step.prefix, step.end, reuse=self, schedule=lambda layer: (
+            self.full_layer(c, layer), True))])
 
     def full_layer(self, step: int, layer: int) -> bool:
         """Whether denoise step ``step`` (0 = first of the canvas) fully recomputes ``layer``."""

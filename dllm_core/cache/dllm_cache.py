@@ -1,5 +1,6 @@
 """dLLM-Cache: adaptive per-layer feature caching (prompt every Kp steps, response every Kr steps,
-V-verify partial response updates in between).
+V-verify partial response updates in between), and its base ``LayerSchedule``: any policy that keeps every
+layer's features of the prompt and the response and says, per step and layer, which part it recomputes.
 
 Per layer the cache holds K, V [B, T, Hkv*D] and the attention / FFN outputs [B, T, d]; a layer's
 output is always assembled as ``x + attn + ffn`` from (partly fresh, partly cached) features by the
@@ -17,13 +18,14 @@ from typing import ClassVar
 import torch
 
 from .base import CachePolicy, CacheState, nbytes
-from .executor import CachedRows, Features, FeatureReuse, Region, cached_layer
+from .executor import CachedRows, Features, FeatureReuse, cached_layer
+from .host import HostPart, HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..models.layers import BlockOps
 from ..options import check_min
 
 
-class DLLMCacheState(CacheState):
+class ScheduleState(CacheState):
     """Per-layer features of every position ([B, T, *]) + the step counter (shared by the batch)."""
 
     def __init__(self, policy, model, canvas):
@@ -35,7 +37,7 @@ class DLLMCacheState(CacheState):
         self.rows = torch.arange(B * T, device=dev).view(B, T)  # [B, T] flat row of each position
         self.step, self.block_step, self.block = 0, 0, None  # the generation's steps, the block's, its index
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
-        self.runs: dict[tuple[str, ...], GraphRunner] = {}  # per-layer mode pattern -> forward
+        self.runs: dict[tuple, GraphRunner] = {}  # per-layer plan pattern -> forward
         self.counters.cache_bytes = nbytes([f.tensors() for f in self.feats])
 
     def hidden(self, x, need, fresh, active=None):
@@ -44,84 +46,100 @@ class DLLMCacheState(CacheState):
             self.block, self.block_step = self.canvas.block, 0
         c = pol.counter(self.step, self.block_step)
         self.step, self.block_step = self.step + 1, self.block_step + 1
-        modes = tuple(pol.mode(c, i) for i in range(self.model.args.n_layers))
-        self._tally(modes)
+        plans = tuple(pol.layer_plan(c, i) for i in range(self.model.args.n_layers))
+        self._tally(plans)
         graphs = self.use_graphs and pol.select != "random"
-        if modes not in self.runs:
-            self.runs[modes] = GraphRunner(lambda ids: self._forward(ids, modes), graphs)
-        return self.runs[modes](x)[:, need[0]:need[1]]
+        if plans not in self.runs:
+            self.runs[plans] = GraphRunner(lambda ids: self._forward(ids, plans), graphs)
+        return self.runs[plans](x)[:, need[0]:need[1]]
 
-    def _counts(self) -> dict[str, int]:
-        """Positions per row each mode recomputes."""
+    def _count(self, plan: tuple[bool, bool, bool]) -> int:
+        """Positions per row a layer plan (prompt full, response full, verify) recomputes."""
         P, T = self.canvas.prompt_len, self.canvas.seq_len
-        return {"full": T, "prompt": P, "response": T - P, "adaptive": self.policy.n_update(T - P)}
+        pf, rf, verify = plan
+        return P * pf + (T - P) * rf + (self.policy.n_update(T - P) if verify else 0)
 
-    def _tally(self, modes: tuple[str, ...]) -> None:
+    def _tally(self, plans) -> None:
         P, T = self.canvas.prompt_len, self.canvas.seq_len
-        n, c = self._counts(), self.counters
+        c = self.counters
         c.forwards += 1
-        c.full_token_layers += T * len(modes)
-        c.token_layers += sum(n[m] for m in modes)
-        c.v_only += sum(T - P for m in modes if m == "adaptive" and n[m] and self.policy.select != "random")
+        c.full_token_layers += T * len(plans)
+        c.token_layers += sum(self._count(p) for p in plans)
+        c.v_only += sum(T - P for p in plans if p[2] and self.policy.n_update(T - P) and self.policy.select != "random")
 
-    def _forward(self, ids, modes):
-        """ids [B, T] -> hidden [B, T, d], each layer run in its mode through the executor."""
+    def _forward(self, ids, plans):
+        """ids [B, T] -> hidden [B, T, d], each layer run by its plan through the executor."""
         m, cv = self.model, self.canvas
-        (B, T), P, counts = ids.shape, cv.prompt_len, self._counts()
+        (B, T), P = ids.shape, cv.prompt_len
         h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]
-        for layer, feats, mode in zip(m.layers, self.feats, modes):
+        for layer, feats, plan in zip(m.layers, self.feats, plans):
             rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
-            rec[:, {"full": slice(0, T), "prompt": slice(0, P), "response": slice(P, T)}.get(mode, slice(0, 0))] = True
-            g = CachedRows(self.rows, feats, rec, [mode == "adaptive"] * B, self.policy, (P, T), dense=True)
-            ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=counts[mode])
-            h = cached_layer(ops, h, pos, [g], self.gen, count=B * counts[mode])
+            rec[:, :P], rec[:, P:] = plan[0], plan[1]
+            g = CachedRows(self.rows, feats, rec, [plan[2]] * B, self.policy, (P, T), dense=True)
+            n = self._count(plan)
+            ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
+            h = cached_layer(ops, h, pos, [g], self.gen, count=B * n)
         return h.view(B, T, -1)
 
 
 @dataclass(frozen=True)
-class DLLMCache(FeatureReuse, CachePolicy):
+class LayerSchedule(FeatureReuse, CachePolicy):
+    """A policy that keeps every layer's features (K, V, attention and FFN outputs) of the prompt and the
+    response and recomputes, at step ``c`` of the generation (of the block with ``per_block``), what
+    ``recomputes(c, layer, prompt)`` says: every position of the part, or (the response) the V-verify pick
+    of ``FeatureReuse``. One rule runs in every engine: the embedded state (``ScheduleState``) and the hosts
+    (``host_plan``). Subclasses define ``recomputes``."""
+
+    state_cls: ClassVar[type[CacheState]] = ScheduleState
+    refreshes_prefix: ClassVar[bool] = True
+    picks: ClassVar[bool] = True
+    spans_response: ClassVar[bool] = True  # the response part holds every emitted token of a streamed request
+    per_block: bool = False
+
+    def counter(self, steps: int, block_steps: int) -> int:
+        """The step counter ``c`` from the steps taken so far in the generation and in its current block: the
+        block's with ``per_block``, else the generation's (every engine asks here)."""
+        return block_steps if self.per_block else steps
+
+    def recomputes(self, c: int, layer: int, prompt: bool) -> tuple[bool, bool]:
+        """For one part (the prompt, or the response) at step ``c`` (0 = the first: nothing is cached yet, so
+        every layer must be recomputed): (every position of the part recomputed, the response's V-verify runs)."""
+        raise NotImplementedError
+
+    def layer_plan(self, c: int, layer: int) -> tuple[bool, bool, bool]:
+        """(prompt recomputed, response recomputed, response V-verified) of ``layer`` at step ``c``."""
+        (pf, _), (rf, verify) = self.recomputes(c, layer, True), self.recomputes(c, layer, False)
+        return pf, rf, verify and not rf
+
+    def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
+        """A host request's step: every position runs, in two parts - the generation's prompt and its response
+        (emitted tokens and the canvas) - each recomputed per layer as ``recomputes`` says at the request's
+        own step counter."""
+        c, P = self.counter(req.steps, req.block_steps), step.prompt
+        return HostPlan(0, [HostPart("prompt", 0, P, schedule=lambda layer: self.recomputes(c, layer, True)),
+                            HostPart("response", P, step.end, reuse=self,
+                                     schedule=lambda layer: self.recomputes(c, layer, False))])
+
+
+@dataclass(frozen=True)
+class DLLMCache(LayerSchedule):
     """``kp``/``kr``: prompt/response refresh intervals; ``rho``: fraction of response tokens
     recomputed by the adaptive update; ``select``: value (V-verify) | key | random;
     ``metric``: cosine | l2; ``first_layer``: always refresh layer 0 (reference behaviour);
     ``per_block``: restart the step counter at each block (the reference runs it across blocks)."""
 
     name: ClassVar[str] = "dllm"
-    state_cls: ClassVar[type[CacheState]] = DLLMCacheState
-    refreshes_prefix: ClassVar[bool] = True
     kp: int = 50
     kr: int = 7
-    per_block: bool = False
 
     def __post_init__(self):
         for n in ("kp", "kr"):
             check_min(getattr(self, n), 1, f"--cache dllm.{n}")
         self.check_reuse("--cache dllm")
 
-    def counter(self, steps: int, block_steps: int) -> int:
-        """The step counter ``c`` that ``mode`` reads, from the steps taken so far in the generation and in
-        its current block: the block's with ``per_block``, else the generation's (every engine asks here)."""
-        return block_steps if self.per_block else steps
-
     def recomputes(self, c: int, layer: int, prompt: bool) -> tuple[bool, bool]:
-        """A host's view of ``mode`` for one part of the sequence (the prompt, or the response):
-        (every row of the part recomputed, the response's adaptive V-verify runs)."""
         m = self.mode(c, layer)
         return (m in ("full", "prompt"), False) if prompt else (m in ("full", "response"), m == "adaptive")
-
-    def host_regions(self, c: int, prompt_rows: torch.Tensor, prompt_store, response_rows: torch.Tensor,
-                     response_slot: torch.Tensor, response_store, reuse: FeatureReuse | None = None) -> list[Region]:
-        """A host request's two cached regions at its step ``c``: the prompt part (rows [1, P] of the
-        forward, features in row 0 of ``prompt_store``, no adaptive pick) and the response part (rows
-        [1, G], features at ``response_slot`` [1] of ``response_store``, V-verify by ``reuse`` or this
-        policy), each recomputed per layer as ``recomputes`` says."""
-        def plan(layer, prompt, n, dev=prompt_rows.device):
-            full, verify = self.recomputes(c, layer, prompt)
-            return torch.full((1, n), full, dtype=torch.bool, device=dev), [verify]
-
-        zero = torch.zeros(1, dtype=torch.long, device=prompt_rows.device)
-        P, G = prompt_rows.shape[1], response_rows.shape[1]
-        return [Region(prompt_rows, zero, prompt_store, None, lambda layer: plan(layer, True, P)),
-                Region(response_rows, response_slot, response_store, reuse or self, lambda layer: plan(layer, False, G))]
 
     def mode(self, c: int, layer: int) -> str:
         """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive."""

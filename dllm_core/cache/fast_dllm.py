@@ -26,6 +26,7 @@ from typing import ClassVar
 import torch
 
 from .base import CachePolicy, CacheState, kv_buffers, nbytes
+from .host import HostPart, HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..options import check_min
 
@@ -103,15 +104,14 @@ class PrefixCache(CachePolicy):
         sequence end (prefix). fresh [B, 2] -> [B]."""
         return fresh[:, 1] if self.dual else torch.full_like(fresh[:, 1], seq_len)
 
-    def host_step(self, key: torch.Tensor, age: torch.Tensor, start: int, focus: tuple[int, int], shift: int,
-                  prefix: int, canvas: int) -> tuple[int, int, int]:
-        """One request's step on a paged host: its block starts at sequence position ``start``, ``focus``
-        is the sampler's window in the block, ``shift`` 1 when position i is predicted by row i - 1
-        (Dream). The embedded loop's fresh range [start + lo - shift, start + hi) -> ``refresh`` (key
-        [1, 2] / age [1] updated in place) -> ``host_rows``."""
-        lo, hi = start + focus[0] - shift, start + focus[1]
-        refresh = bool(self.refresh(key, age, torch.tensor([[lo, hi]]), torch.ones(1, dtype=torch.bool)))
-        return self.host_rows(refresh, lo, hi, prefix, canvas)
+    def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
+        """One request's step on a paged host: the embedded loop's fresh range -> ``refresh`` (the request's
+        key / age updated in place) -> ``host_rows``: prefix positions from ``a`` and the canvas window
+        recomputed in every layer, the rest of the canvas from its stored features."""
+        lo, hi = step.fresh
+        refresh = bool(self.refresh(req.key, req.age, torch.tensor([[lo, hi]]), torch.ones(1, dtype=torch.bool)))
+        a, c0, c1 = self.host_rows(refresh, lo, hi, step.prefix, step.width)
+        return HostPlan(a, [HostPart("response", step.prefix, step.end, always=(c0, c1))])
 
     def host_rows(self, refresh: bool, lo: int, hi: int, prefix: int, canvas: int) -> tuple[int, int, int]:
         """A paged host's share of one row's step, its canvas being positions [prefix, prefix + canvas)

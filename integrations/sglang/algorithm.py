@@ -9,7 +9,7 @@ forward having seen it final (``block_final``: done before the step, or - token 
 step that changed nothing; SGLang's contract: the forward after the last change persists the block's K/V).
 
 With Fast-dLLM's ``cache: prefix`` / ``dual`` or dLLM-Cache's ``cache: dllm`` the algorithm instead runs the
-embedded engine's loop over each request's whole response (``fast_dllm.FastDllmHost``): SGLang's block is a
+embedded engine's loop over each request's whole response (``response.ResponseHost``): SGLang's block is a
 window onto it.
 
 Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in the core's ``SlotStates``,
@@ -31,8 +31,8 @@ from dllm_core.sampling import TokenContext
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
-from .fast_dllm import BATCH, FastDllmHost
-from .options import AlgorithmOptions, read_yaml
+from .response import BATCH, ResponseHost
+from .options import CACHE_KEY, AlgorithmOptions, read_yaml
 
 logger = logging.getLogger(__name__)
 
@@ -65,9 +65,9 @@ class DllmServeConfig(DllmConfig):
             self._opts = cls.options(self.algorithm_config or {}) if hasattr(cls, "options") else None
         return self._opts
 
-    def fast_dllm(self):
-        """The algorithm's Fast-dLLM policy (None: SGLang's block canvas, or not one of ours)."""
-        return None if self.options() is None else self.options().fast_dllm
+    def policy(self):
+        """The algorithm's policy over the whole response (None: SGLang's block canvas, or not one of ours)."""
+        return None if self.options() is None else self.options().policy
 
 
 class RowState:
@@ -105,26 +105,26 @@ class DllmCoreAlgorithm(DllmAlgorithm):
             opts = cls.options(read_yaml(path))
         except ValueError as e:
             raise ValueError(f"--dllm-algorithm-config {path}: {e}") from None
-        if opts.caching or opts.fast_dllm is not None:
+        if opts.caching or opts.policy is not None:
             from .plugin import ARCHS, model_architecture
 
             arch = model_architecture(server_args)
-            key = "dllm_cache" if opts.caching else f"cache: {opts.fast_dllm.name}"
+            key = "dllm_cache" if opts.caching else f"cache: {opts.policy.name}"
             if arch not in ARCHS:
                 raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{key} needs one of the "
                                  f"dllm-serve models {list(ARCHS)}, got {arch}")
-        if opts.fast_dllm is not None:
-            name = opts.fast_dllm.name
-            kind = "dLLM-Cache" if name == "dllm" else "Fast-dLLM"
-            if name == "dllm" and cfg.tp_size > 1:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.cache: dllm needs --tp-size 1 "
+        if opts.policy is not None:
+            name = opts.policy.name
+            kind = "dLLM-Cache" if opts.policy.picks else "Fast-dLLM"
+            if opts.policy.picks and cfg.tp_size > 1:
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.cache: {name} needs --tp-size 1 "
                                  f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
             disable_cuda_graphs(server_args, f"{cls.__name__}: cache {name} ({kind}) runs data-dependent rows")
             disable_radix_cache(server_args, f"{cls.__name__}: cache {name} ({kind}) rewrites each request's "
                                              f"prefix K/V in place")
         if opts.caching:
             if cfg.tp_size > 1:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.dllm_cache needs --tp-size 1 "
+                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{CACHE_KEY} needs --tp-size 1 "
                                  f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
             disable_cuda_graphs(server_args, f"{cls.__name__}: dllm_cache (dLLM-Cache) has data-dependent shapes")
 
@@ -135,8 +135,8 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         self.steps = self.opts.decode.steps or self.block_size  # the most steps a block can take
         self._tc: TokenContext | None = None
         self.rows: SlotGroups | None = None  # per-request sampler rows, by request slot and steps per block
-        self.fast = None if self.opts.fast_dllm is None else FastDllmHost(
-            self.opts.fast_dllm, self.opts, self.block_size, self.mask_id)
+        self.whole = None if self.opts.policy is None else ResponseHost(
+            self.opts.policy, self.opts, self.block_size, self.mask_id)
 
     def block_steps(self, reqs) -> list[int]:
         """Each request's denoising steps per block: its ``steps`` split over its response's blocks
@@ -148,7 +148,7 @@ class DllmCoreAlgorithm(DllmAlgorithm):
     def max_steps(self, block_size: int) -> int:
         """Forwards per block in the synchronous loop: the sampler's most steps + the forward
         that persists the block (Fast-dLLM: a block of SGLang's may span two of the canvas)."""
-        return self.sampler.max_steps(block_size, self.steps) * (2 if self.fast else 1) + 1
+        return self.sampler.max_steps(block_size, self.steps) * (2 if self.whole else 1) + 1
 
     def token_context(self, device) -> TokenContext:
         if self._tc is None:
@@ -190,14 +190,14 @@ class DllmCoreAlgorithm(DllmAlgorithm):
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
         """dLLM-Cache: hand the model its cache policy and each row's denoise step
         (``dllm_input_preparation_state``, CPU int64 [B]; -1 = persisting forward, exact).
-        Fast-dLLM: plan the step of each request's canvas (``FastDllmHost.prepare``)."""
-        if self.fast is not None:
-            return self.fast.prepare(model_runner, forward_batch)
+        Fast-dLLM: plan the step of each request's canvas (``ResponseHost.prepare``)."""
+        if self.whole is not None:
+            return self.whole.prepare(model_runner, forward_batch)
         if not self.opts.caching:
             return
         fc = getattr(model_runner.model, "feature_cache", None)
         if fc is None:
-            raise ValueError(f"{type(self).__name__}.dllm_cache needs a dllm-serve model class (LLaDAModelLM, "
+            raise ValueError(f"{type(self).__name__}.{CACHE_KEY} needs a dllm-serve model class (LLaDAModelLM, "
                              f"DreamModel), got {type(model_runner.model).__name__}")
         fc.configure(self.opts.cache)
         forward_batch.dllm_input_preparation_state = torch.tensor([-1 if s.final else s.step for s in states])
@@ -208,8 +208,8 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         """One sampler step on input_ids [B * L] with full_logits [B * L, V]: commits written into
         input_ids in place; returns per row whether its block had no masks *before* the step.
         Fast-dLLM: one step of each request's canvas; per row whether SGLang's block is decoded."""
-        if self.fast is not None:
-            return self.fast.step(forward_batch, full_logits, self.token_context(full_logits.device))
+        if self.whole is not None:
+            return self.whole.step(forward_batch, full_logits, self.token_context(full_logits.device))
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)

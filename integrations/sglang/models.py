@@ -15,7 +15,7 @@ plain forward:
 * Dream's shifted logits (``prefix_row.py``): block position 0 is predicted from the final
   hidden state of the last prefix position, which the block forward does not compute.
 
-With Fast-dLLM's ``prefix`` / ``dual`` cache (``fast_dllm.py``) the forward instead runs the rows the
+With Fast-dLLM's ``prefix`` / ``dual`` cache (``response.py``) the forward instead runs the rows the
 algorithm planned over the request's whole canvas (the embedded engine's semantics).
 """
 from __future__ import annotations
@@ -42,7 +42,7 @@ from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
 
 from .configs import hf_dict
-from .fast_dllm import FastDllmForward
+from .response import ResponseForward
 from .feature_cache import FeatureCache
 from .prefix_row import PrefixRows
 
@@ -162,7 +162,7 @@ class DiffusionLMForSGLang(nn.Module):
         self.lm_head = ParallelLMHead(a.vocab_size, a.dim, quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(config, return_full_logits=True)
         self.feature_cache = FeatureCache(self)
-        self.fast_dllm = FastDllmForward(self)
+        self.response_forward = ResponseForward(self)
         self.prefix_rows = PrefixRows(self) if self.core_cls.shift_logits else None
 
     @property
@@ -187,8 +187,8 @@ class DiffusionLMForSGLang(nn.Module):
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None):
-        if self.fast_dllm.active(forward_batch):  # Fast-dLLM: the rows the algorithm planned, over its canvas
-            return self.fast_dllm.forward(input_ids, forward_batch)
+        if self.response_forward.active(forward_batch):  # a policy over the whole response: the planned rows
+            return self.response_forward.forward(input_ids, forward_batch)
         prefix = self.prefix_rows.rows(positions, forward_batch) if self.prefix_rows is not None else None
         h = self.norm(self.hidden(input_ids, positions, forward_batch, input_embeds))
         if prefix is not None:  # Dream: one more logit row per request, for block position 0

@@ -14,7 +14,8 @@ One YAML mapping per launch. Keys:
 * ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``, the default: SGLang's block
   canvas), Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) or dLLM-Cache
   ``dllm`` (``dllm:kp=4,kr=2,rho=0.25``: every ``DLLMCache`` option) with the embedded engine's semantics
-  over the whole response (``fast_dllm.py``); exclusive with ``dllm_cache``;
+  over the whole response (``response.py``; any dllm_core policy that refreshes the prefix, by name or
+  ``module.Class``); exclusive with ``dllm_cache``;
 * ``block_size``: read by SGLang itself (``DllmConfig``).
 
 Every value is validated by constructing the dllm_core object, so a bad option fails at launch
@@ -26,7 +27,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dllm_core.cache import DLLMCache, DualCache, PrefixCache
+from dllm_core.cache import CachePolicy, registry
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.options import OptionError, check_value, parse_spec
@@ -37,31 +38,32 @@ HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
 CACHE_KEY = "dllm_cache"
 POLICY_KEY = "cache"
 BLOCK_CANVAS = ("canvas", "none")  # SGLang's own block-canvas semantics (dLLM-Cache over it: ``dllm_cache``)
-FAST_DLLM = {c.name: c for c in (PrefixCache, DualCache, DLLMCache)}  # policies over the request's whole response
 NOT_IN_SGLANG = ("graphs", "blocks")  # reference-engine knobs with no meaning inside SGLang (its canvas is one block)
 
 
-def parse_policy(algo: str, value) -> PrefixCache | DLLMCache | None:
-    """``cache: <spec>`` -> the Fast-dLLM / dLLM-Cache policy (None: SGLang's block canvas), by dllm_core's spec parser;
-    errors name ``<algo>.cache`` and the allowed values."""
+def parse_policy(algo: str, value) -> CachePolicy | None:
+    """``cache: <spec>`` -> a policy over the request's whole response (one that refreshes the prefix: Fast-dLLM's,
+    dLLM-Cache's, or ``module.Class``; None: SGLang's block canvas), by dllm_core's spec parser; errors name
+    ``<algo>.cache`` and the allowed values."""
     where = f"{algo}.{POLICY_KEY}"
     spec = check_value(value, "str", where)
     name, _, rest = (s.strip() for s in spec.partition(":"))
-    allowed = sorted([*BLOCK_CANVAS, *FAST_DLLM])
+    whole = {n: c for n, c in registry(spec, where).items() if c.refreshes_prefix}
+    allowed = sorted([*BLOCK_CANVAS, *whole])
     if name in BLOCK_CANVAS and not rest:
         return None
     if name in BLOCK_CANVAS:
         raise ValueError(f"{where}: {name} takes no options (dLLM-Cache over SGLang's block: {CACHE_KEY}: "
                          f"{{kr: .., rho: ..}}), got {spec!r}")
-    if name not in FAST_DLLM:
+    if name not in whole:
         raise ValueError(f"{where}: unknown policy {name!r}; allowed: {allowed}")
     keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
-    known = sorted(options_of(FAST_DLLM[name], NOT_IN_SGLANG))
+    known = sorted(options_of(whole[name], NOT_IN_SGLANG))
     extra = sorted(set(keys) - set(known))
     if extra:
         raise ValueError(f"{where}: {name} has no option {extra[0]!r}; allowed: {known}")
     try:
-        return parse_spec(spec, FAST_DLLM, where)
+        return parse_spec(spec, whole, where)
     except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
         raise ValueError(e.under(where)) from None
 
@@ -111,7 +113,7 @@ class AlgorithmOptions:
 
     decode: DecodeOptions
     cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
-    fast_dllm: PrefixCache | DLLMCache | None = None  # cache: prefix / dual / dllm (the embedded engine's semantics)
+    policy: CachePolicy | None = None  # cache: prefix / dual / dllm / module.Class: over the whole response
 
     @property
     def sampler(self) -> Sampler:

@@ -15,7 +15,7 @@ It changes no SGLang file; everything goes through SGLang's registries and its h
 * ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
   prefix position (``PrefixRows.expect``), which SGLang does not pass to the model; every dllm-serve
   model gets the batch's requests (prompt ids, ``max_new_tokens``, block offsets) for Fast-dLLM's
-  canvas (``FastDllmForward.expect``);
+  canvas (``ResponseForward.expect``);
 * ``handle_dllm_inference`` (AFTER): Dream turns CUDA graphs off (its prefix row is computed
   from the paged cache with data-dependent shapes), with a warning;
 * the sibling module ``tokenswift.py``, if present, registers its speculative algorithm.
@@ -146,12 +146,12 @@ def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
     (references, no copies): a request's prompt ids and ``max_new_tokens`` (its response, its steps per block)."""
     if batch.dllm_config is None or not forward_batch.forward_mode.is_dllm_extend():
         return forward_batch
-    from .fast_dllm import BATCH
+    from .response import BATCH
 
     BATCH.expect(forward_batch.req_pool_indices, batch.reqs)
-    fast = getattr(getattr(model_runner, "model", None), "fast_dllm", None)
-    if fast is not None:
-        fast.expect(forward_batch.req_pool_indices, batch.reqs)
+    fwd = getattr(getattr(model_runner, "model", None), "response_forward", None)
+    if fwd is not None:
+        fwd.expect(forward_batch.req_pool_indices, batch.reqs)
     return forward_batch
 
 

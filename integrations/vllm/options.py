@@ -67,9 +67,9 @@ def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> 
     max_tokens, canvas = getattr(sampling_params, "max_tokens", None), SERVED["canvas_length"]
     if canvas:
         request_plan(opts, max_tokens, canvas)
-    if opts.stream and opts.cache.name == "dllm" and canvas and max_tokens and max_tokens > canvas:
+    if opts.stream and opts.cache.spans_response and canvas and max_tokens and max_tokens > canvas:
         raise ValueError(f"max_tokens {max_tokens}: a streamed dLLM-Cache response must fit the served canvas_length "
-                         f"{canvas} (its features span the response)")
+                         f"{canvas} (its features span the response; cache {opts.cache.name})")
     if getattr(sampling_params, "logprobs", None) is not None:
         raise ValueError("logprobs: not supported for diffusion models served by the dllm adapter")
     if getattr(sampling_params, "prompt_logprobs", None) is not None:

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from dllm_core.cache import CachePolicy, CanvasCache, DLLMCache, PrefixCache, host_cache
+from dllm_core.cache import CachePolicy, CanvasCache, HostPlan, HostRequest, host_cache
 from dllm_core.cache.executor import CachedStep, FeatureStore, NoFeatures, Region
 from dllm_core.engine.generate import grid_canvas_width
 from dllm_core.engine.request import DecodeOptions, ResponsePlan
@@ -49,7 +49,7 @@ class RequestPolicy:
     """What one request runs with: dllm_core sampler + cache policy + token context knobs."""
 
     sampler: Sampler
-    cache: CachePolicy  # CanvasCache (block-canvas, response-side dLLM-Cache) or PrefixCache (Fast-dLLM)
+    cache: CachePolicy  # as host_cache gives it: a policy that refreshes the prefix, or the block canvas
     block_length: int  # semi-AR block inside the canvas
     steps: int  # per block (fixed-schedule samplers): the request's total split over its blocks
     temperature: float
@@ -68,24 +68,6 @@ class RequestPolicy:
                    top_p if top_p is not None and top_p < 1.0 else None,
                    top_k if top_k is not None and top_k > 0 else None,
                    opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, opts.stream)
-
-    @property
-    def fast_dllm(self) -> bool:
-        return isinstance(self.cache, PrefixCache)
-
-    @property
-    def dllm_cache(self) -> bool:
-        return isinstance(self.cache, DLLMCache)
-
-    @property
-    def refreshes_prefix(self) -> bool:
-        """Whether steps recompute the paged prefix with the canvas present (Fast-dLLM, dLLM-Cache)."""
-        return self.fast_dllm or self.dllm_cache
-
-    @property
-    def cached(self) -> bool:
-        """Whether canvas rows reuse features between steps (a ``FeatureStore`` slot)."""
-        return self.refreshes_prefix or not self.cache.exact
 
     @property
     def group(self) -> tuple:
@@ -143,13 +125,11 @@ class DllmStates:
         self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
         self.response_left = np.zeros(max_reqs, dtype=np.int64)  # max_tokens not emitted yet
         self.prompt_len = np.zeros(max_reqs, dtype=np.int64)
-        self.request_steps = np.zeros(max_reqs, dtype=np.int64)  # denoise steps of a streamed dLLM-Cache request
-        self.fd_key = torch.full((max_reqs, 2), -1, dtype=torch.long)  # Fast-dLLM refresh rule (host)
-        self.fd_age = torch.zeros(max_reqs, dtype=torch.long)
+        self.host: list[HostRequest | None] = [None] * max_reqs  # the core's per-request state (policy counters)
         self.slot_states: dict[tuple, SlotStates] = {}
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
         self.features: FeatureStore | None = None
-        self.prompt_features: dict[int, FeatureStore] = {}  # dLLM-Cache: features of a slot's prefix rows
+        self.part_features: dict[tuple[int, str], FeatureStore] = {}  # a slot's parts other than the response
         # work, per slot (the embedded engine's Counters units): rows x layers run through a full layer
         # (device, summed without sync), forwards and what the vanilla loop would run in the denoise ones
         self.token_layers = torch.zeros(max_reqs + 1, dtype=torch.long, device=device)  # + 1: padding rows
@@ -168,7 +148,7 @@ class DllmStates:
         pol = RequestPolicy.resolve(opts, sampling_params, plan)
         if self.block_causal:  # every admitted cache is exact there: one execution serves them all
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
-        if pol.cached and not pol.fast_dllm and self.tp > 1:  # V-verify picks per shard would differ
+        if pol.cache.picks and self.tp > 1:  # V-verify picks per shard would differ
             logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
             pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
         self.policy[slot] = pol
@@ -177,10 +157,10 @@ class DllmStates:
         self.req_ids[slot] = req_id
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.response_left[slot] = plan.decoded  # positions to decode (whole blocks; vLLM emits max_tokens of them)
-        self.prompt_len[slot], self.request_steps[slot] = len(prompt), 0
-        self.fd_key[slot], self.fd_age[slot] = -1, 0
+        self.prompt_len[slot] = len(prompt)
+        self.host[slot] = HostRequest(pol.cache, len(prompt), pol.stream)
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
-        if pol.cached and self.features is None:
+        if pol.cache.stores_features and self.features is None:
             n_layers, kv_size = self.feature_shape
             self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
                                          self.last_hidden)
@@ -195,8 +175,9 @@ class DllmStates:
             self.finished_work[self.req_ids[slot]] = self.work(slot)
             while len(self.finished_work) > WORK_KEPT:
                 self.finished_work.popitem(last=False)
-        self.policy[slot] = None
-        self.prompt_features.pop(slot, None)
+        self.policy[slot] = self.host[slot] = None
+        for key in [k for k in self.part_features if k[0] == slot]:
+            del self.part_features[key]
         self.phase[slot] = PREFILL
 
     def sampler_states(self, pol: RequestPolicy) -> SlotStates:
@@ -242,6 +223,17 @@ class DllmStates:
         blocks = [1 if self.policy[s].stream else -(-self.canvas_width(s) // self.policy[s].block_length)
                   for s in slots]
         self.progress.start(slots, blocks)
+        for s in slots:
+            self.host[s].begin_canvas(len(self.tokens[s]))
+
+    def part_store(self, slot: int, name: str, length: int) -> FeatureStore:
+        """The store of a slot's part ``name`` (the response's lives in ``features``, at the slot)."""
+        store = self.part_features.get((slot, name))
+        if store is None or store.length != length:
+            n_layers, kv = self.feature_shape
+            store = self.part_features[(slot, name)] = FeatureStore(n_layers, 1, length, kv, self.args.dim,
+                                                                   self.last_hidden)
+        return store
 
 
 class DllmModelState(ModelState):
@@ -298,21 +290,19 @@ class DllmModelState(ModelState):
         denoise, commit = is_canvas & (st.phase[slots] == DENOISE), is_canvas & (st.phase[slots] == COMMIT)
         self._begin_blocks(slots[denoise], qlen[denoise])
         pol = [st.policy[s] if k else None for s, k in zip(slots, known)]
-        fast = np.array([p is not None and p.fast_dllm for p in pol], dtype=bool)
-        dcache = np.array([p is not None and p.dllm_cache for p in pol], dtype=bool)
-        # canvases the policies run cached: whole blocks (Fast-dLLM / dLLM-Cache canvases shrink with
-        # max_tokens and streaming), the served width (block-canvas); others (cut short) run exact
+        refresh = np.array([p is not None and p.cache.refreshes_prefix for p in pol], dtype=bool)
+        # canvases the policies run cached: whole blocks (a policy that refreshes the prefix: its canvases shrink
+        # with max_tokens and streaming), the served width (block canvas); others (cut short) run exact
         lb = np.array([p.block_length if p is not None else 1 for p in pol])
-        whole = np.where(fast | dcache, qlen % lb == 0, qlen == st.canvas_len)
-        spans = ib.num_computed_tokens_np[:n] - st.prompt_len[slots] + qlen  # a streamed response so far
-        whole &= ~(dcache & np.array([p is not None and p.stream for p in pol], dtype=bool) & (spans > st.canvas_len))
+        whole = np.where(refresh, qlen % lb == 0, qlen == st.canvas_len)
         prefix = ib.num_computed_tokens_np[:n]
-        extra, fixed = np.zeros(n, dtype=np.int64), {}
-        for i in np.flatnonzero(fast & whole & denoise):
-            extra[i], fixed[i] = self._fast_dllm_rows(int(slots[i]), int(prefix[i]), int(qlen[i]))
-        extra[dcache & whole & denoise] = prefix[dcache & whole & denoise]  # dLLM-Cache: the prefix in every step
-        for i in np.flatnonzero((fast | dcache) & whole & commit):  # emitted as is; refreshed with the next canvas
-            fixed[i] = (0, 0)
+        plans = self._host_plans(slots, np.flatnonzero(denoise & whole), prefix, qlen)
+        for i in np.flatnonzero(commit & whole):  # emitted as is (a refreshing policy's next step refreshes it)
+            if (hp := st.host[slots[i]].commit_plan(int(prefix[i]), int(qlen[i]))) is not None:
+                plans[i] = hp
+        extra = np.zeros(n, dtype=np.int64)
+        for i, hp in plans.items():
+            extra[i] = prefix[i] - hp.run_from
         if st.block_causal:  # the canvas's grid block begins with the prompt tail: recomputed beside it
             extra[is_canvas] = st.offset[slots[is_canvas]]
         ext = self._extension(ib, slots, qlen, extra) if extra.any() else None
@@ -321,33 +311,47 @@ class DllmModelState(ModelState):
         if st.block_causal:
             plan.prefill = self._block_causal_prefill(ib, start, qlen, known & ~is_canvas)
         if self.model.shift_logits:  # Dream: the last prefix row predicts the first canvas position
-            cap = np.flatnonzero(done_prefill | (commit & ~fast & ~dcache) | (extra > 0))
+            cap = np.flatnonzero(done_prefill | (commit & ~refresh) | (extra > 0))
             if len(cap):
                 plan.capture_rows = self._rows(start[cap] + np.where(extra[cap] > 0, extra[cap], qlen[cap]) - 1)
                 plan.capture_slots = self._rows(slots[cap])
-        canvas = start[:n] + extra  # first canvas row of each request
-        regions = []
-        members = [i for i in np.flatnonzero(denoise & whole & ~fast & ~dcache) if pol[i].cached]
-        if members:  # block-canvas dLLM-Cache
-            members = np.array(members)
-            regions += CachedStep.by_policy(self._canvas_rows(canvas[members], st.canvas_len), self._rows(slots[members]),
-                                            st.progress.steps[slots[members]].tolist(),
-                                            [pol[i].cache for i in members], st.features).regions
-        for w in sorted({int(qlen[i]) for i in fixed}):  # Fast-dLLM between refreshes, committed canvases
-            members = np.array([i for i in sorted(fixed) if qlen[i] == w])
-            rec = torch.zeros(len(members), w, dtype=torch.bool)
-            for j, i in enumerate(members):
-                rec[j, fixed[i][0]:fixed[i][1]] = True
-            regions.append(Region.fixed(self._canvas_rows(canvas[members], w), self._rows(slots[members]),
-                                        st.features, rec.to(self.device)))
-        for i in np.flatnonzero(dcache & whole & denoise):
-            regions += self._dllm_cache_regions(int(slots[i]), int(start[i]), int(extra[i]), int(qlen[i]))
-        for i in np.flatnonzero(done_prefill & (fast | dcache) & (qlen == ib.prefill_len_np[:n])):
+        regions = [r for i, hp in plans.items() for r in self._regions(int(slots[i]), int(start[i]), hp)]
+        for i in np.flatnonzero(done_prefill & refresh & (qlen == ib.prefill_len_np[:n])):
             regions.append(self._skipped(int(start[i]), int(qlen[i])))  # the first refresh recomputes it
         if regions:
             plan.cached = CachedStep(regions, st.generator)
         self._tally(plan, slots, known, qlen, extra, prefix, denoise)
         return plan
+
+    def _host_plans(self, slots, rows: np.ndarray, prefix, qlen) -> dict[int, HostPlan]:
+        """The core's plan of each denoise step in ``rows``, from its block's sampler focus (one sampler call
+        and one read per sampler configuration)."""
+        st, shift, plans = self.states, int(self.model.shift_logits), {}
+        groups: dict[tuple, list[int]] = {}
+        for i in rows:
+            groups.setdefault(st.policy[slots[i]].group, []).append(i)
+        for members in groups.values():
+            pol = st.policy[slots[members[0]]]
+            sl, Lb = slots[members], pol.block_length
+            idx = self._rows(sl)
+            cols = self._rows(st.progress.block[sl] * Lb)[:, None] + torch.arange(Lb, device=self.device)
+            blk = st.canvas[idx].gather(1, cols)
+            flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
+            for i, s, b, lo, hi in zip(members, sl, st.progress.block[sl], flo.tolist(), fhi.tolist()):
+                p = int(prefix[i])
+                plans[i] = st.host[s].plan(p + int(b) * Lb, (lo, hi), shift, p, int(qlen[i]))
+        return plans
+
+    def _regions(self, slot: int, first: int, hp: HostPlan) -> list[Region]:
+        """A request's cached parts as executor regions: its rows in the forward (position p at row
+        ``first + p - run_from``) and its feature stores (the response at the slot, other parts per request)."""
+        st, out = self.states, []
+        for part in hp.parts:
+            rows = self._rows(first + np.arange(part.start, part.end)[None] - hp.run_from)
+            store, at = ((st.features, self._rows([slot])) if part.name == "response" else
+                         (st.part_store(slot, part.name, part.length), self._rows([0])))
+            out.append(Region(rows, at, store, part.reuse, lambda layer, part=part: part.layer(layer, self.device)))
+        return out
 
     def _tally(self, plan: StepPlan, slots, known, qlen, extra, prefix, denoise) -> None:
         """Work accounting: each row's slot (the forward sums its full-layer runs into the slot) and,
@@ -372,28 +376,6 @@ class DllmModelState(ModelState):
         return Region.fixed(rows, self._rows([0]), NoFeatures(kv, self.states.args.dim, self.states.last_hidden),
                             torch.zeros(1, length, dtype=torch.bool, device=self.device))
 
-    def _canvas_rows(self, first: np.ndarray, width: int) -> torch.Tensor:
-        return self._rows(first[:, None] + np.arange(width))  # [m, width]
-
-    def _dllm_cache_regions(self, slot: int, start: int, prefix: int, width: int) -> list[Region]:
-        """dLLM-Cache for one request: its prompt rows and its response rows, each recomputed per layer by
-        ``DLLMCache.recomputes`` at the request's step (the prompt's features live per request). A canvas
-        is a generation of its own (prompt = everything before it); a streamed response is one
-        generation (prompt = the request's prompt, response = emitted blocks + canvas, one step counter)."""
-        st = self.states
-        pol, stream = st.policy[slot].cache, st.policy[slot].stream
-        P = st.prompt_len[slot] if stream else prefix  # the dLLM-Cache prompt part
-        c = pol.counter(int(st.request_steps[slot] if stream else st.progress.steps[slot]),
-                        int(st.progress.block_steps[slot]))
-        st.request_steps[slot] += 1
-        store = st.prompt_features.get(slot)
-        if c == 0 or store is None or store.length != P:  # a full step: nothing stale is read
-            n_layers, kv = st.feature_shape
-            store = st.prompt_features[slot] = FeatureStore(n_layers, 1, P, kv, st.args.dim, st.last_hidden)
-        G = prefix - P + width  # response rows: [P, prefix + width), features at columns [0, G) of the slot
-        return pol.host_regions(c, self._rows(start + np.arange(P)[None]), store,
-                                self._canvas_rows(np.array([start + P]), G), self._rows([slot]), st.features)
-
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
 
@@ -407,19 +389,8 @@ class DllmModelState(ModelState):
             pol, b = st.policy[s], st.progress.block[s]
             idx, cols = self._rows([s]), torch.arange(b * pol.block_length, (b + 1) * pol.block_length, device=self.device)
             st.sampler_states(pol).begin_block(idx, (st.canvas[idx][:, cols] == st.mask_id) & (cols < st.offset[s] + w))
+            st.host[s].begin_block()
         st.progress.new[slots] = False
-
-    def _fast_dllm_rows(self, slot: int, prefix: int, width: int) -> tuple[int, tuple[int, int]]:
-        """One Fast-dLLM request's step: (prefix rows recomputed, canvas columns recomputed)."""
-        st = self.states
-        pol, b = st.policy[slot], int(st.progress.block[slot])
-        Lb, shift = pol.block_length, int(self.model.shift_logits)
-        idx = self._rows([slot])
-        blk = st.canvas[idx, b * Lb:(b + 1) * Lb]
-        focus = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
-        a, c0, c1 = pol.cache.host_step(st.fd_key[slot:slot + 1], st.fd_age[slot:slot + 1], prefix + b * Lb,
-                                        (int(focus[0]), int(focus[1])), shift, prefix, width)
-        return prefix - a, (c0, c1)
 
     def _extension(self, ib, slots, qlen, extra) -> Extension:
         """The batch with each request's extra prefix rows placed before its scheduled rows."""

@@ -1,4 +1,4 @@
-"""A CPU stand-in for SGLang's scheduler + model runner, for tests without a GPU.
+"""TEST-ONLY: a CPU stand-in for SGLang's scheduler + model runner, for tests without a GPU.
 
 Everything below the scheduler is SGLang's own: the model is built and its weights loaded by
 SGLang's model loader (``get_model``), attention runs through ``RadixAttention`` and SGLang's
@@ -166,7 +166,7 @@ class BlockDriver:
         """A DLLM_EXTEND ``ForwardBatch`` holding one block per row at its KV frontier."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-        from .plugin import add_last_prefix_ids, add_request_info
+        from integrations.sglang.plugin import add_last_prefix_ids, add_request_info
 
         B, L, r2t = len(rows), self.L, self.runner.req_to_token_pool.req_to_token
         starts = [r.kv_len for r in rows]

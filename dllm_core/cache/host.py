@@ -1,0 +1,158 @@
+"""The host contract: what a paged host engine (vLLM, SGLang) asks the core at each step of a request, and what
+the core answers. The host supplies positions and storage; the cache policy decides what is recomputed.
+
+    req = HostRequest(policy, prompt_len, stream)       # admission (per request, host side)
+    req.begin_canvas(prefix)                             # a canvas starts after ``prefix`` held positions
+    req.begin_block()                                    # a block of the canvas starts
+    plan = req.plan(HostStep(start, focus, shift, prefix, width))   # before the forward
+    ...                                                  # the host runs ``plan`` (rows, parts, stores)
+
+A ``HostPlan`` names the step's live positions and how each layer treats them (positions are the request's
+sequence: prompt, emitted tokens, then the canvas):
+
+* positions ``< run_from`` are not run: their K/V are the ones the host holds (paged cache, stored features);
+* live positions ``[run_from, prefix + width)`` are run; those in no ``HostPart`` are recomputed in every layer;
+* a ``HostPart`` is a range of positions with its own feature store (``name``: ``prompt`` or ``response``),
+  whose features (K, V, attention and FFN outputs) the host keeps between steps: per layer the part recomputes
+  ``always`` and, where ``schedule(layer)`` says so, every position (``full``) or the V-verify pick (``verify``,
+  by ``reuse``); other positions reuse the stored features. Every part's features are stored back.
+
+No host asks which policy it runs: it translates the plan into its own rows and slots.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+Schedule = Callable[[int], tuple[bool, bool]]  # layer -> (every position recomputed, V-verify pick runs)
+
+
+@dataclass(frozen=True)
+class HostStep:
+    """Where one request's step is: its block starts at sequence position ``start``; ``focus`` is the sampler's
+    window in the block; ``shift`` 1 when position i is predicted by row i - 1 (Dream); the host holds
+    ``prefix`` positions before the canvas of ``width`` positions; ``prompt``: the current generation's
+    prompt part (the request's prompt, or everything before a canvas decoded as a generation of its own)."""
+
+    start: int
+    focus: tuple[int, int]
+    shift: int
+    prefix: int
+    width: int
+    prompt: int
+
+    @property
+    def fresh(self) -> tuple[int, int]:
+        """The positions the step is about (the embedded loop's ``fresh`` range): [lo, hi)."""
+        return self.start + self.focus[0] - self.shift, self.start + self.focus[1]
+
+    @property
+    def end(self) -> int:
+        return self.prefix + self.width
+
+
+@dataclass
+class HostPart:
+    """A range [start, end) of a request's positions with its own feature store ``name`` (see the module doc)."""
+
+    name: str
+    start: int
+    end: int
+    always: tuple[int, int] = (0, 0)   # part columns recomputed in every layer
+    schedule: Schedule | None = None   # per layer: (full, verify)
+    reuse: object | None = None        # a FeatureReuse: the V-verify pick of ``verify`` layers
+
+    @property
+    def length(self) -> int:
+        return self.end - self.start
+
+    def layer(self, layer: int, device) -> tuple[torch.Tensor, list[bool]]:
+        """The part's plan in ``layer``, as the executor's ``Region.plan`` wants it: ([1, n] bool, [verify])."""
+        full, verify = self.schedule(layer) if self.schedule is not None else (False, False)
+        rec = torch.full((1, self.length), full, dtype=torch.bool, device=device)
+        if not full and self.always[1] > self.always[0]:
+            rec[:, self.always[0]:self.always[1]] = True
+        return rec, [verify and not full]
+
+
+@dataclass
+class HostPlan:
+    """One request's step on a host: live positions from ``run_from`` and the cached ``parts``."""
+
+    run_from: int
+    parts: list[HostPart] = field(default_factory=list)
+
+    def cover(self, name: str, start: int, end: int) -> HostPart:
+        """The part ``name`` over [start, end) for a host that runs every position and keeps every position's
+        features: the plan's own part of that name, else the contract's rule for positions in no part (live
+        ones, from ``run_from``, recomputed in every layer; held ones reused)."""
+        for p in self.parts:
+            if p.name == name:
+                if (p.start, p.end) != (start, end):
+                    raise ValueError(f"host plan: part {name} covers [{p.start}, {p.end}), the host holds "
+                                     f"[{start}, {end})")
+                return p
+        return HostPart(name, start, end, always=(min(max(self.run_from - start, 0), end - start), end - start))
+
+
+@dataclass
+class HostRequest:
+    """The core's per-request state on a host: the policy's refresh key / age (Fast-dLLM), the step counters
+    (the generation's, the block's, the canvas's: dLLM-Cache and the canvas schedule) and the generation's
+    prompt part. ``stream``: the whole response is one generation (canvases after the first continue it);
+    otherwise each canvas is a generation of its own (prompt = everything before it)."""
+
+    policy: object
+    prompt_len: int
+    stream: bool = False
+    key: torch.Tensor = field(default_factory=lambda: torch.full((1, 2), -1, dtype=torch.long))
+    age: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
+    steps: int = 0          # denoise steps of the generation
+    block_steps: int = 0    # ... of the block
+    canvas_steps: int = 0   # ... of the canvas
+    gen_prompt: int = 0     # the generation's prompt part
+    canvases: int = 0
+    # work in the embedded engine's ``Counters`` units: forwards taken part in, rows x layers run through a full
+    # layer (an int, or a device scalar: no sync per step), what the uncached loop runs for the same forwards
+    forwards: int = 0
+    token_layers: int | torch.Tensor = 0
+    full_token_layers: int = 0
+
+    def count(self, token_layers, full_token_layers: int) -> None:
+        """One forward of the request's loop."""
+        self.forwards += 1
+        self.token_layers = self.token_layers + token_layers
+        self.full_token_layers += full_token_layers
+
+    def work(self) -> dict[str, int]:
+        return {"forwards": self.forwards, "token_layers": int(self.token_layers),
+                "full_token_layers": self.full_token_layers}
+
+    def begin_canvas(self, prefix: int) -> None:
+        """A canvas starts after ``prefix`` held positions."""
+        if not (self.stream and self.canvases):
+            self.gen_prompt, self.steps = (self.prompt_len if self.stream else prefix), 0
+        self.canvases += 1
+        self.canvas_steps = 0
+
+    def begin_block(self) -> None:
+        self.block_steps = 0
+
+    def plan(self, start: int, focus: tuple[int, int], shift: int, prefix: int, width: int) -> HostPlan:
+        """The policy's plan of this request's next denoise step (the counters then move on)."""
+        plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt))
+        self.steps, self.block_steps, self.canvas_steps = self.steps + 1, self.block_steps + 1, self.canvas_steps + 1
+        return plan
+
+    def commit_plan(self, prefix: int, width: int) -> HostPlan | None:
+        """The forward that emits a finished canvas (its K/V kept by the host): a policy that refreshes the
+        prefix recomputes nothing there (its next step refreshes); None: the host runs it whole."""
+        if not self.policy.refreshes_prefix:
+            return None
+        return HostPlan(prefix, [HostPart("response", prefix, prefix + width)])
+
+    def prefill_skipped(self) -> bool:
+        """Whether the prompt prefill can run no layer: the first step recomputes the whole prefix anyway."""
+        return self.policy.refreshes_prefix

@@ -1,0 +1,73 @@
+"""The host contract (``dllm_core.cache.host``): a cache policy defined outside the engines (``toy_policy.py``:
+refresh every third step, only the upper half of the layers) serves through the embedded engine and SGLang with
+identical tokens and no engine code of its own (vLLM: the ``toy_policy`` case of ``test_vllm_fast_dllm.py``);
+the plans the core hands a host."""
+import pytest
+import torch
+
+from dllm_core import GenerationConfig, generate, load_model, make_cache
+from dllm_core.cache import DualCache, HostPart, HostPlan, HostRequest
+from dllm_core.testing import build_tiny_checkpoint
+from toy_policy import TOY
+
+L, GEN = 8, 24
+PROMPTS = [[20 + i for i in range(5)], [40 + 3 * i for i in range(L)], [60 + i for i in range(13)]]
+
+
+def reference(model, cache: str, sampler: str = "threshold:tau=0.7") -> list[list[int]]:
+    """Unbatched: a host request keeps its own step counter (an embedded batch shares one)."""
+    cfg = GenerationConfig(gen_length=GEN, block_length=L, sampler=sampler, cache=cache)
+    return [generate(model, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    return {a: build_tiny_checkpoint(tmp_path_factory.mktemp(f"hc_{a}"), a) for a in ("llada", "dream")}
+
+
+def test_toy_policy_runs_its_schedule_in_the_embedded_engine(checkpoints):
+    """The toy's work is its schedule's (steps 0, 3, 6, ...: every layer; others: the lower layer only), its
+    output is not the uncached one (the reuse is live), and its exact setting (``every=1``) is."""
+    model = load_model(checkpoints["llada"])
+    pol = make_cache(TOY)
+    assert (pol.every, pol.upper, pol.refreshes_prefix) == (3, 1, True)
+    cfg = GenerationConfig(gen_length=GEN, block_length=L, steps=GEN, sampler="low_confidence", cache=TOY)
+    c = generate(model, [PROMPTS[0]], cfg).counters
+    T = len(PROMPTS[0]) + GEN
+    assert c.token_layers == sum(T * (2 if s % 3 == 0 else 1) for s in range(GEN))
+    assert reference(model, TOY) != reference(model, "none")
+    assert reference(model, TOY.replace("upper=1", "upper=1,every=1")) == reference(model, "none")
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_toy_policy_serves_through_sglang(checkpoints, arch):
+    pytest.importorskip("sglang.srt.dllm.algorithm")
+    from integrations.sglang.algorithm import FastDllmThreshold
+    from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model
+    from sglang.srt.dllm.config import DllmConfig
+    from sglang.srt.plugins import load_plugins
+
+    load_plugins()
+    sg, model = load_sglang_model(checkpoints[arch]), load_model(checkpoints[arch])
+    mask = model.args.mask_token_id
+    algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": TOY}, L, mask, 8,
+                                        first_done_first_out_mode=True))
+    out = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS))).generate(PROMPTS, GEN, mask)
+    assert out == reference(model, TOY)
+
+
+def test_host_plans_say_what_is_recomputed():
+    """Fast-dLLM's dual cache on a host: a refresh runs the whole sequence; between refreshes the prefix is
+    held and only the window's canvas columns are recomputed (Dream: from the row left of the window)."""
+    req = HostRequest(DualCache(), prompt_len=5)
+    req.begin_canvas(5)
+    req.begin_block()
+    first = req.plan(start=5, focus=(0, 8), shift=0, prefix=5, width=24)
+    assert first == HostPlan(0, [HostPart("response", 5, 29, always=(0, 24))])
+    second = req.plan(start=5, focus=(0, 8), shift=1, prefix=5, width=24)  # a new fresh range: a refresh
+    assert second.run_from == 0
+    third = req.plan(start=5, focus=(0, 8), shift=1, prefix=5, width=24)
+    assert third == HostPlan(4, [HostPart("response", 5, 29, always=(0, 8))])
+    prompt = third.cover("prompt", 0, 5)  # a host that runs every position: the held rows reused
+    assert prompt.layer(0, "cpu")[0].tolist() == [[False] * 4 + [True]]
+    assert torch.equal(third.parts[0].layer(1, "cpu")[0], torch.arange(24)[None] < 8)
