@@ -104,7 +104,7 @@ def test_random_select_and_prompt_kv_in_pool(models):
     algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": cache}, L, mask, 8))
     seen, release = [], sg.response_forward.release
     sg.response_forward.release = lambda r: (r.feats is not None and seen.append(
-        (r.slot, r.P, r.feats.prompt.bufs[0][:, 0].clone(), r.feats.prompt.bufs[1][:, 0].clone())), release(r))[1]
+        (r.slot, r.P, *(r.feats.stores["prompt"].bufs[j][:, 0].clone() for j in (0, 1)))), release(r))[1]
     try:
         out = BlockDriver(algo, runner).generate(PROMPTS, GEN, mask)
     finally:

@@ -21,7 +21,7 @@ from vllm_harness.jobs import CANVAS, ENGINE, finish_engine, start_engine, stop,
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 BLOCKS = 3
-SERVER = {"sampler": "threshold:tau=0.7", "cache": "none"}  # server-wide --additional-config dllm
+SERVER = {"sampler": "threshold:tau=0.7", "cache": "none", "chain": True}  # server-wide: chained canvases asked for
 # name -> (extra_args (dllm_steps: the total over the response), max_tokens, reference sampler, reference cache,
 # steps per block, block length)
 CASES = {

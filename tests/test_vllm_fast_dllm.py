@@ -1,7 +1,8 @@
 """Fast-dLLM's ``prefix`` / ``dual`` caches and dLLM-Cache served by the real vLLM engine (diffusion pathway, CPU
 harness) equal the embedded engine with the same policy, token for token.
 
-The engine serves the whole response as one canvas (``canvas_length`` 24, blocks of 8 inside it):
+The engine serves the whole response as one canvas (``canvas_length`` 24, blocks of 8 inside it; each block
+streamed when decoded, the default of a policy that refreshes the prefix, except where ``dllm_stream`` is false):
 the prompt's K/V are recomputed with the masked response present at every refresh (extra prefix
 rows beside vLLM's scheduled rows, written into the paged cache in place), the masked suffix takes
 part in every step, and between refreshes the executor reuses the canvas rows outside the policy's
@@ -24,13 +25,13 @@ GEN, BLOCK = 24, 8
 CASES = {
     "no_options": ({}, "low_confidence", "dual", GEN, GEN),  # the server's default policy
     "dual_low_confidence": ({"dllm_block_length": BLOCK, "dllm_steps": 12}, "low_confidence", "dual", BLOCK, 4),
-    "dual_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK}, "threshold:tau=0.6",
-                       "dual", BLOCK, BLOCK),
+    "dual_threshold": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK},
+                       "threshold:tau=0.6", "dual", BLOCK, BLOCK),
     "dual_slowfast": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK}, "slowfast", "dual", BLOCK, BLOCK),
     "dual_every": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dual:every=2", "dllm_block_length": BLOCK},
                    "threshold:tau=0.6", "dual:every=2", BLOCK, BLOCK),
-    "prefix_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "prefix", "dllm_block_length": BLOCK},
-                         "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
+    "prefix_threshold": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_cache": "prefix",
+                          "dllm_block_length": BLOCK}, "threshold:tau=0.6", "prefix", BLOCK, BLOCK),
     "prefix_factor": ({"dllm_sampler": "factor", "dllm_cache": "prefix", "dllm_block_length": 4},
                       "factor", "prefix", 4, 4),
     "dual_exact": ({"dllm_cache": "dual:every=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
@@ -38,7 +39,7 @@ CASES = {
     # dLLM-Cache: prompt every kp steps, response every kr, V-verify in between (counter across blocks)
     "dllm_low_confidence": ({"dllm_cache": "dllm:kp=5,kr=2,rho=0.25", "dllm_block_length": BLOCK, "dllm_steps": 12},
                             "low_confidence", "dllm:kp=5,kr=2,rho=0.25", BLOCK, 4),
-    "dllm_threshold": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
+    "dllm_threshold": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
                         "dllm_cache": "dllm:kp=3,kr=2,rho=0.5,first_layer=false"}, "threshold:tau=0.6",
                        "dllm:kp=3,kr=2,rho=0.5,first_layer=false", BLOCK, BLOCK),
     "dllm_per_block": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK,

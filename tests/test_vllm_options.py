@@ -29,6 +29,10 @@ def test_steps_is_the_total_over_the_response():
     plan = request_plan(opts, 20, 32)
     assert (plan.length, plan.decoded, plan.blocks, plan.steps_per_block) == (20, 24, 3, 4)
     assert request_plan(DEFAULTS, None, 32).steps_per_block == 32  # default: one canvas, one step per position
+    with pytest.raises(ValueError, match="max_tokens 40: the response \\(64 positions in whole blocks\\) is longer than "
+                                         "the served canvas_length 32; it would be decoded as chained canvases"):
+        request_plan(DEFAULTS, 40, 32)  # the default never chains canvases: lossy, asked for by name only
+    assert request_plan(request_options({"dllm_chain": True}, DEFAULTS), 40, 32).decoded == 64
     with pytest.raises(ValueError, match=r"extra_args.dllm_steps 4 must be a multiple of the number of blocks 3 "
                                          r"\(24 positions in blocks of 8\) \(steps is the total over the response"):
         request_plan(request_options({"dllm_steps": 4, "dllm_block_length": 8}, DEFAULTS), 24, 32)

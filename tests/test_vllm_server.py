@@ -9,7 +9,9 @@ from dllm_core.engine import generate_in_canvases
 from dllm_core.cache.canvas import CanvasCache
 
 pytest.importorskip("vllm")
-from vllm_harness.jobs import CANVAS, post, serving, tiny_checkpoint  # noqa: E402
+from vllm_harness.jobs import CANVAS, ROOT, post, serving, tiny_checkpoint  # noqa: E402
+
+LONG = ROOT / "models" / "llada-long"
 
 PROMPT = [30, 31, 32, 33, 34]
 
@@ -17,7 +19,8 @@ PROMPT = [30, 31, 32, 33, 34]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     model = tiny_checkpoint(tmp_path_factory.mktemp("vllm_srv"), "llada")
-    with serving(model, "--dllm-sampler", "threshold:tau=0.7", "--dllm-cache", "none") as url:
+    with serving(model, "--dllm-sampler", "threshold:tau=0.7", "--dllm-cache", "none",
+                 "--additional-config", '{"dllm": {"chain": true}}') as url:  # 16-token answers, canvases of 8
         yield url, model, load_model(model)
 
 
@@ -77,3 +80,25 @@ def test_prompt_with_the_mask_token_is_a_400_and_the_server_keeps_serving(server
     assert f"prompts must not contain the mask token id {mask} (found at position 1)" in body["error"]["message"]
     code, body = complete(server)
     assert code == 200 and body["choices"][0]["token_ids"] == reference(model, "threshold:tau=0.7")
+
+
+@pytest.mark.skipif(not (LONG / "config.json").is_file(), reason="models/llada-long not shipped")
+def test_no_option_at_all_answers_long_requests_with_the_embedded_engines_tokens():
+    """Defaults never lose quality: a server started with no dllm or diffusion option (the model's own context,
+    the default canvas: every response one canvas) answers 256-token requests on the shipped long model with the
+    embedded engine's tokens for the same defaults (low_confidence one token per step, blocks of 32, Fast-dLLM's
+    dual cache; blocks streamed as they finish)."""
+    from dllm_core import load_tokenizer
+    from dllm_core.tasks import make_task
+    from dllm_core.tasks.evaluate import prompts_of
+
+    task = make_task("count:span=48")
+    prompts = prompts_of(load_tokenizer(LONG), task.examples("test", 2))
+    cfg = GenerationConfig(gen_length=256, block_length=32, sampler="low_confidence", cache="dual")
+    want = generate(load_model(LONG), prompts, cfg).tokens.tolist()
+    with serving(LONG, tiny=False) as url:
+        for p, w in zip(prompts, want):
+            code, body = post(url, {"model": str(LONG), "prompt": p, "max_tokens": 256, "ignore_eos": True,
+                                    "return_token_ids": True})
+            assert code == 200, body
+            assert body["choices"][0]["token_ids"] == w

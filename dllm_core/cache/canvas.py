@@ -188,8 +188,8 @@ class CanvasCache(FeatureReuse, CachePolicy):
         if self.exact:
             return HostPlan(step.prefix)
         c = req.canvas_steps
-        return HostPlan(step.prefix, [HostPart("response", step.prefix, step.end, reuse=self, schedule=lambda layer: (
-            self.full_layer(c, layer), True))])
+        return HostPlan(step.prefix, [HostPart("response", step.prefix, step.end, reuse=req.reuse(self),
+                                               schedule=lambda layer: (self.full_layer(c, layer), True))])
 
     def full_layer(self, step: int, layer: int) -> bool:
         """Whether denoise step ``step`` (0 = first of the canvas) fully recomputes ``layer``."""

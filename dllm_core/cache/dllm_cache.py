@@ -117,7 +117,7 @@ class LayerSchedule(FeatureReuse, CachePolicy):
         own step counter."""
         c, P = self.counter(req.steps, req.block_steps), step.prompt
         return HostPlan(0, [HostPart("prompt", 0, P, schedule=lambda layer: self.recomputes(c, layer, True)),
-                            HostPart("response", P, step.end, reuse=self,
+                            HostPart("response", P, step.end, reuse=req.reuse(self),
                                      schedule=lambda layer: self.recomputes(c, layer, False))])
 
 

@@ -197,6 +197,39 @@ class FeatureStore:
             b[layer, slots, :t.shape[1]] = t
 
 
+class PartStores:
+    """One request's feature stores on a host, one per part name (``HostPart.name``), each sized to its part: a
+    part whose length moved (a new canvas, whose first step recomputes it) gets a new store."""
+
+    def __init__(self, n_layers: int, kv: int, d: int, like: torch.Tensor):
+        self.shape, self.like, self.stores = (n_layers, kv, d), like, {}
+
+    def get(self, name: str, length: int) -> FeatureStore:
+        store = self.stores.get(name)
+        if store is None or store.length != length:
+            n_layers, kv, d = self.shape
+            store = self.stores[name] = FeatureStore(n_layers, 1, length, kv, d, self.like)
+        return store
+
+
+class SeededReuse:
+    """A ``FeatureReuse`` policy with one request's own generator for ``select=random`` (the embedded state seeds one
+    per generation with ``seed``), so a host request's picks do not depend on the other requests of its batch."""
+
+    def __init__(self, policy: FeatureReuse, device):
+        self.policy, self.gen = policy, torch.Generator(device).manual_seed(policy.seed)
+
+    @property
+    def select(self) -> str:
+        return self.policy.select
+
+    def n_update(self, candidates: int) -> int:
+        return self.policy.n_update(candidates)
+
+    def pick(self, new, old, n, generator=None):
+        return self.policy.pick(new, old, n, self.gen)
+
+
 class NoFeatures:
     """A ``FeatureStore`` stand-in for rows whose layers are skipped and whose features are never read
     back (a host's prompt prefill that the first refresh recomputes before anything attends to it):

@@ -84,6 +84,15 @@ class HostPlan:
     run_from: int
     parts: list[HostPart] = field(default_factory=list)
 
+    def regions(self, base_row: int, stores, device, parts: list[HostPart] | None = None) -> list:
+        """The executor's ``Region``s of ``parts`` (default: the plan's): position p at the forward's row
+        ``base_row + p``, each part's features in ``stores.get(name, length)`` (a ``PartStores``)."""
+        from .executor import Region
+
+        return [Region(torch.arange(base_row + p.start, base_row + p.end, device=device)[None],
+                       torch.zeros(1, dtype=torch.long, device=device), stores.get(p.name, p.length), p.reuse,
+                       lambda layer, p=p: p.layer(layer, device)) for p in (self.parts if parts is None else parts)]
+
     def cover(self, name: str, start: int, end: int) -> HostPart:
         """The part ``name`` over [start, end) for a host that runs every position and keeps every position's
         features: the plan's own part of that name, else the contract's rule for positions in no part (live
@@ -107,6 +116,7 @@ class HostRequest:
     policy: object
     prompt_len: int
     stream: bool = False
+    device: object = "cpu"
     key: torch.Tensor = field(default_factory=lambda: torch.full((1, 2), -1, dtype=torch.long))
     age: torch.Tensor = field(default_factory=lambda: torch.zeros(1, dtype=torch.long))
     steps: int = 0          # denoise steps of the generation
@@ -114,6 +124,7 @@ class HostRequest:
     canvas_steps: int = 0   # ... of the canvas
     gen_prompt: int = 0     # the generation's prompt part
     canvases: int = 0
+    _reuse: object = field(default=None, repr=False, compare=False)
     # work in the embedded engine's ``Counters`` units: forwards taken part in, rows x layers run through a full
     # layer (an int, or a device scalar: no sync per step), what the uncached loop runs for the same forwards
     forwards: int = 0
@@ -129,6 +140,14 @@ class HostRequest:
     def work(self) -> dict[str, int]:
         return {"forwards": self.forwards, "token_layers": int(self.token_layers),
                 "full_token_layers": self.full_token_layers}
+
+    def reuse(self, policy):
+        """``policy``'s V-verify pick with this request's own generator (seeded like the embedded state's)."""
+        if self._reuse is None or self._reuse.policy is not policy:
+            from .executor import SeededReuse
+
+            self._reuse = SeededReuse(policy, self.device)
+        return self._reuse
 
     def begin_canvas(self, prefix: int) -> None:
         """A canvas starts after ``prefix`` held positions."""

@@ -62,7 +62,9 @@ class DecodeOptions:
     embedded engine's 32, a host's served block); ``steps``: total denoising steps over the response (None:
     one per decoded position); ``temperature`` / ``top_p`` / ``top_k``: proposal sampling (0 = greedy);
     ``logits_eos_inf`` / ``confidence_eos_eot_inf`` / ``eot_id``: LLaDA-Instruct's EOS / EOT suppression;
-    ``stream``: a host emits each block when decoded; ``seed``: the generator of sampled proposals."""
+    ``stream``: a host emits each block when decoded (None: when its policy refreshes the prefix and the response
+    is one canvas); ``chain``: a host may decode a response longer than its canvas as chained canvases, each
+    blind to the rest (lossy: asked for by name only); ``seed``: the generator of sampled proposals."""
 
     sampler: Sampler | str = "low_confidence"
     cache: CachePolicy | str = "none"
@@ -74,7 +76,8 @@ class DecodeOptions:
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
     eot_id: int | None = None
-    stream: bool = False
+    stream: bool | None = None
+    chain: bool = False
     seed: int = 0
 
     def __post_init__(self):

@@ -13,7 +13,7 @@ position 0 and nothing right of its block exists. Here its block is only a windo
   decoded. Prompt-prefill forwards and forwards after the response is decoded compute nothing;
 * the model's ``ResponseForward`` runs every position [0, P + G) of each live request through dllm_core's
   executor (``CachedStep``): two regions per request, its prompt and its response (``HostPlan.cover``), each
-  with its features (K, V, attention and FFN outputs) kept per request (``RequestFeatures``) and recomputed per
+  with its features (K, V, attention and FFN outputs) kept per request (``PartStores``) and recomputed per
   layer as the plan says; queries attend (torch SDPA) to every position of their request. A layer that
   recomputed prompt positions writes the prompt's K/V into SGLang's pool. Its logits rows are the canvas
   block's (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b).
@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm_core.cache import CachePolicy, HostPlan, HostRequest
-from dllm_core.cache.executor import CachedStep, FeatureStore, Region
+from dllm_core.cache.executor import CachedStep, PartStores
 from dllm_core.engine.step import SlotGroups, denoise_step, plan_step
 from dllm_core.sampling import TokenContext
 
@@ -83,7 +83,7 @@ class Response:
         self.ids = torch.tensor([*prompt, *out, *[mask_id] * (G - len(out))], dtype=torch.long, device=device)
         self.block = len(out) // L
         self.new = True  # the sampler rows begin the block at the next step
-        self.feats: RequestFeatures | None = None
+        self.feats: PartStores | None = None  # its features while decoding, per part (prompt, response)
         host.begin_canvas(self.P)
 
     @property
@@ -267,8 +267,8 @@ class ResponseForward:
         """Features for a request being decoded: its prompt's and its response's, in every layer."""
         if r.feats is None:
             att = self.model.layers[0].self_attn
-            r.feats = RequestFeatures.new(len(self.model.layers), r.P, r.G, att.n_kv * att.head_dim,
-                                          self.model.args.dim, self.model.embed.weight)
+            r.feats = PartStores(len(self.model.layers), att.n_kv * att.head_dim, self.model.args.dim,
+                                 self.model.embed.weight)
 
     def release(self, r: Response) -> None:
         r.feats = None
@@ -309,17 +309,11 @@ class ResponseForward:
         off = [0, *torch.tensor(ends).cumsum(0).tolist()]
         pos = torch.cat([torch.arange(e, device=dev) for e in ends])  # [N]
         x = m.embed(torch.cat([r.resp.ids for r in rows]))
-        regions, zero, prompts = [], torch.zeros(1, dtype=torch.long, device=dev), []
-        for r, o in zip(rows, off):
-            f = r.resp.feats
-            for name, a, b in (("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)):
-                part = r.plan.cover(name, a, b)
-                reuse = None if part.reuse is None else f.seeded(part.reuse)
-                regions.append(Region(torch.arange(o + a, o + b, device=dev)[None], zero, f.stores[name], reuse,
-                                      lambda layer, part=part: part.layer(layer, dev)))
-                if name == "prompt":
-                    prompts.append(regions[-1])
-        step = CachedStep(regions)
+        regions = [r.plan.regions(o, r.resp.feats, dev, [r.plan.cover("prompt", 0, r.resp.P),
+                                                         r.plan.cover("response", r.resp.P, r.resp.end)])
+                   for r, o in zip(rows, off)]
+        prompts = [g[0] for g in regions]
+        step = CachedStep([g for pair in regions for g in pair])
         attend = SdpaAttend(off, dev)
         r2t = get_req_to_token_pool().req_to_token
         ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
@@ -338,47 +332,6 @@ class ResponseForward:
         for r, w in zip(rows, work):
             r.resp.host.count(w, r.resp.end * len(m.layers))
         return x
-
-
-class SeededReuse:
-    """A request's ``FeatureReuse`` policy with its own generator for ``select=random`` (the embedded state seeds
-    one per generation with ``seed``), so the picks do not depend on the other requests of the batch."""
-
-    def __init__(self, policy, device):
-        self.policy, self.gen = policy, torch.Generator(device).manual_seed(policy.seed)
-
-    @property
-    def select(self) -> str:
-        return self.policy.select
-
-    def n_update(self, candidates: int) -> int:
-        return self.policy.n_update(candidates)
-
-    def pick(self, new, old, n, generator=None):
-        return self.policy.pick(new, old, n, self.gen)
-
-
-@dataclass
-class RequestFeatures:
-    """One request's features for every layer: its prompt's [n_layers, 1, P, *] and its response's
-    [n_layers, 1, G, *] (dllm_core ``FeatureStore``s), and its seeded V-verify policy."""
-
-    stores: dict[str, FeatureStore]
-    reuse: SeededReuse | None = None
-
-    @classmethod
-    def new(cls, n_layers: int, P: int, G: int, kv: int, d: int, like: torch.Tensor):
-        return cls({"prompt": FeatureStore(n_layers, 1, P, kv, d, like),
-                    "response": FeatureStore(n_layers, 1, G, kv, d, like)})
-
-    @property
-    def prompt(self) -> FeatureStore:
-        return self.stores["prompt"]
-
-    def seeded(self, policy) -> SeededReuse:
-        if self.reuse is None or self.reuse.policy is not policy:
-            self.reuse = SeededReuse(policy, self.prompt.bufs[0].device)
-        return self.reuse
 
 
 class SdpaAttend:

@@ -1,9 +1,9 @@
 """HF config classes for LLaDA (``model_type: llada``) and Dream (``model_type: Dream``) without
 remote code, and the vLLM config hook that turns them into diffusion models.
 
-``canvas_length`` (the block length, default 32) makes vLLM treat the model as a discrete
-diffusion model (``model_config.is_diffusion``); override it with ``--hf-overrides
-'{"canvas_length": 64}'`` or ``--diffusion-config '{"canvas_length": 64}'``.
+``canvas_length`` makes vLLM treat the model as a discrete diffusion model (``model_config.is_diffusion``):
+the longest response decoded as one canvas. Default (0): ``max_model_len`` in whole blocks of 32, so every
+response is one canvas; set it with ``--diffusion-config '{"canvas_length": 256}'`` (or ``--hf-overrides``).
 """
 from __future__ import annotations
 
@@ -13,14 +13,14 @@ from dllm_core.models import hf_config
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_CANVAS = 32
+BLOCK = 32  # a canvas spans whole blocks of the default block length
 VALIDATOR = "integrations.vllm.options:DllmRequestValidator"
 
 
 class LLaDAConfig(hf_config.LLaDAConfig):
     """LLaDA's config under the names vLLM reads, + ``canvas_length``; mask id defaults to LLaDA-8B's."""
 
-    def __init__(self, mask_token_id=126336, canvas_length=DEFAULT_CANVAS, **kw):
+    def __init__(self, mask_token_id=126336, canvas_length=0, **kw):
         self.canvas_length = canvas_length
         super().__init__(mask_token_id=mask_token_id, **kw)
 
@@ -28,7 +28,7 @@ class LLaDAConfig(hf_config.LLaDAConfig):
 class DreamConfig(hf_config.DreamConfig):
     """Dream-v0 + ``canvas_length``; mask id defaults to Dream-v0's."""
 
-    def __init__(self, mask_token_id=151666, canvas_length=DEFAULT_CANVAS, **kw):
+    def __init__(self, mask_token_id=151666, canvas_length=0, **kw):
         self.canvas_length = canvas_length
         super().__init__(mask_token_id=mask_token_id, **kw)
 
@@ -75,8 +75,8 @@ def config_hook():
 
             mc, sc, cc = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
             if vllm_config.diffusion_config is None:
-                vllm_config.diffusion_config = DiffusionConfig(
-                    canvas_length=getattr(mc.hf_config, "canvas_length", None) or DEFAULT_CANVAS)
+                vllm_config.diffusion_config = DiffusionConfig(  # default: every response is one canvas
+                    canvas_length=getattr(mc.hf_config, "canvas_length", None) or -(-mc.max_model_len // BLOCK) * BLOCK)
             SERVED["canvas_length"] = vllm_config.diffusion_config.canvas_length
             SERVED["block_causal"] = block = block_causal_size(mc.hf_config)
             if block is not None and SERVED["canvas_length"] != block:

@@ -12,6 +12,8 @@ from dllm_core.engine.generate import check_paged_block_causal
 from dllm_core.engine.request import DecodeOptions, ResponsePlan, build_cached
 from dllm_core.options import OptionError
 
+from .configs import BLOCK
+
 PREFIX = "dllm_"
 SERVER, REQUEST = "--additional-config dllm.", f"extra_args.{PREFIX}"
 SERVED = {"canvas_length": None, "block_causal": None, "defaults": None}  # set by the config hook in every process that builds a config
@@ -53,23 +55,37 @@ def request_options(extra_args, base: DecodeOptions) -> DecodeOptions:
 
 
 def request_plan(opts: DecodeOptions, max_tokens: int | None, canvas: int) -> ResponsePlan:
-    """The request's response (``max_tokens``, default one canvas) in whole blocks (default block: the canvas)."""
+    """The request's response (``max_tokens``, default one canvas) in whole blocks (default block: 32, or the canvas
+    when shorter). A response longer than the canvas is decoded as chained canvases only when asked for by name
+    (``chain``: each canvas blind to the rest, lossy); a block-causal model's canvas is its grid block (exact)."""
     names = {"gen_length": "max_tokens"}
     try:
-        return opts.response(max_tokens or canvas, canvas, lambda n: names.get(n, REQUEST + n))
+        plan = opts.response(max_tokens or canvas, min(BLOCK, canvas), lambda n: names.get(n, REQUEST + n))
     except OptionError as e:
         raise ValueError(str(e)) from None
+    if plan.decoded > canvas and not opts.chain and not SERVED["block_causal"]:
+        raise ValueError(f"max_tokens {plan.length}: the response ({plan.decoded} positions in whole blocks) is longer "
+                         f"than the served canvas_length {canvas}; it would be decoded as chained canvases, each blind "
+                         f"to the rest (lossy): serve a longer canvas (--diffusion-config canvas_length; the default "
+                         f"is max_model_len) or ask for chained canvases ({REQUEST}chain: true)")
+    return plan
+
+
+def streams(opts: DecodeOptions, cache, plan: ResponsePlan, canvas: int) -> bool:
+    """Whether a request emits each block when decoded: as asked, else when its policy refreshes the prefix and
+    the response is one canvas (the next canvas is then the rest of the response)."""
+    return opts.stream if opts.stream is not None else cache.refreshes_prefix and plan.decoded <= canvas
 
 
 def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> None:
     """Admission check of one request (raises ValueError with the offending option)."""
     opts = request_options(getattr(sampling_params, "extra_args", None), defaults or SERVED["defaults"] or DEFAULTS)
     max_tokens, canvas = getattr(sampling_params, "max_tokens", None), SERVED["canvas_length"]
-    if canvas:
-        request_plan(opts, max_tokens, canvas)
     if opts.stream and opts.cache.spans_response and canvas and max_tokens and max_tokens > canvas:
         raise ValueError(f"max_tokens {max_tokens}: a streamed dLLM-Cache response must fit the served canvas_length "
                          f"{canvas} (its features span the response; cache {opts.cache.name})")
+    if canvas:
+        request_plan(opts, max_tokens, canvas)
     if getattr(sampling_params, "logprobs", None) is not None:
         raise ValueError("logprobs: not supported for diffusion models served by the dllm adapter")
     if getattr(sampling_params, "prompt_logprobs", None) is not None:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dllm_core.cache import CachePolicy, CanvasCache, HostPlan, HostRequest, host_cache
-from dllm_core.cache.executor import CachedStep, FeatureStore, NoFeatures, Region
+from dllm_core.cache.executor import CachedStep, NoFeatures, PartStores, Region
 from dllm_core.engine.generate import grid_canvas_width
 from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
@@ -36,7 +36,7 @@ from dllm_core.sampling import Sampler, TokenContext
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.model_states.interface import ModelState
 
-from .options import SERVED, request_options, request_plan, server_options
+from .options import SERVED, request_options, request_plan, server_options, streams
 
 logger = logging.getLogger(__name__)
 
@@ -61,13 +61,14 @@ class RequestPolicy:
     stream: bool  # emit each block when decoded; the next canvas is the rest of the response
 
     @classmethod
-    def resolve(cls, opts: DecodeOptions, sampling_params, plan: ResponsePlan) -> "RequestPolicy":
+    def resolve(cls, opts: DecodeOptions, sampling_params, plan: ResponsePlan, cache: CachePolicy,
+                canvas: int) -> "RequestPolicy":
         top_p = getattr(sampling_params, "top_p", 1.0)
         top_k = getattr(sampling_params, "top_k", 0)
-        return cls(opts.sampler, host_cache(opts.cache), plan.block_length, plan.steps_per_block, opts.temperature,
+        return cls(opts.sampler, cache, plan.block_length, plan.steps_per_block, opts.temperature,
                    top_p if top_p is not None and top_p < 1.0 else None,
                    top_k if top_k is not None and top_k > 0 else None,
-                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, opts.stream)
+                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, streams(opts, cache, plan, canvas))
 
     @property
     def group(self) -> tuple:
@@ -128,8 +129,7 @@ class DllmStates:
         self.host: list[HostRequest | None] = [None] * max_reqs  # the core's per-request state (policy counters)
         self.slot_states: dict[tuple, SlotStates] = {}
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
-        self.features: FeatureStore | None = None
-        self.part_features: dict[tuple[int, str], FeatureStore] = {}  # a slot's parts other than the response
+        self.stores: list[PartStores | None] = [None] * max_reqs  # a request's features, per part
         # work, per slot (the embedded engine's Counters units): rows x layers run through a full layer
         # (device, summed without sync), forwards and what the vanilla loop would run in the denoise ones
         self.token_layers = torch.zeros(max_reqs + 1, dtype=torch.long, device=device)  # + 1: padding rows
@@ -145,12 +145,12 @@ class DllmStates:
     def add(self, slot: int, sampling_params, prompt: list[int], req_id: str | None = None) -> None:
         opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults)
         plan = request_plan(opts, getattr(sampling_params, "max_tokens", None), self.canvas_len)
-        pol = RequestPolicy.resolve(opts, sampling_params, plan)
-        if self.block_causal:  # every admitted cache is exact there: one execution serves them all
-            pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
-        if pol.cache.picks and self.tp > 1:  # V-verify picks per shard would differ
-            logger.warning("dllm: the response-side canvas cache needs tensor_parallel_size 1; running exact")
-            pol = RequestPolicy(**{**pol.__dict__, "cache": CanvasCache()})
+        cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
+        if cache.picks and self.tp > 1:  # V-verify picks per shard would differ
+            logger.warning("dllm: cache %s picks rows per rank: it needs tensor_parallel_size 1; running exact",
+                           cache.name)
+            cache = CanvasCache()
+        pol = RequestPolicy.resolve(opts, sampling_params, plan, cache, self.canvas_len)
         self.policy[slot] = pol
         self.phase[slot] = PREFILL
         self.tokens[slot] = list(prompt)
@@ -158,12 +158,9 @@ class DllmStates:
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.response_left[slot] = plan.decoded  # positions to decode (whole blocks; vLLM emits max_tokens of them)
         self.prompt_len[slot] = len(prompt)
-        self.host[slot] = HostRequest(pol.cache, len(prompt), pol.stream)
+        self.host[slot] = HostRequest(pol.cache, len(prompt), pol.stream, self.device)
+        self.stores[slot] = PartStores(*self.feature_shape, self.args.dim, self.last_hidden)
         self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
-        if pol.cache.stores_features and self.features is None:
-            n_layers, kv_size = self.feature_shape
-            self.features = FeatureStore(n_layers, self.max_reqs, self.canvas_len, kv_size, self.args.dim,
-                                         self.last_hidden)
 
     def work(self, slot: int) -> dict:
         """A request's work so far, in the embedded engine's ``Counters`` units."""
@@ -175,9 +172,7 @@ class DllmStates:
             self.finished_work[self.req_ids[slot]] = self.work(slot)
             while len(self.finished_work) > WORK_KEPT:
                 self.finished_work.popitem(last=False)
-        self.policy[slot] = self.host[slot] = None
-        for key in [k for k in self.part_features if k[0] == slot]:
-            del self.part_features[key]
+        self.policy[slot] = self.host[slot] = self.stores[slot] = None
         self.phase[slot] = PREFILL
 
     def sampler_states(self, pol: RequestPolicy) -> SlotStates:
@@ -226,14 +221,6 @@ class DllmStates:
         for s in slots:
             self.host[s].begin_canvas(len(self.tokens[s]))
 
-    def part_store(self, slot: int, name: str, length: int) -> FeatureStore:
-        """The store of a slot's part ``name`` (the response's lives in ``features``, at the slot)."""
-        store = self.part_features.get((slot, name))
-        if store is None or store.length != length:
-            n_layers, kv = self.feature_shape
-            store = self.part_features[(slot, name)] = FeatureStore(n_layers, 1, length, kv, self.args.dim,
-                                                                   self.last_hidden)
-        return store
 
 
 class DllmModelState(ModelState):
@@ -315,7 +302,8 @@ class DllmModelState(ModelState):
             if len(cap):
                 plan.capture_rows = self._rows(start[cap] + np.where(extra[cap] > 0, extra[cap], qlen[cap]) - 1)
                 plan.capture_slots = self._rows(slots[cap])
-        regions = [r for i, hp in plans.items() for r in self._regions(int(slots[i]), int(start[i]), hp)]
+        regions = [r for i, hp in plans.items()  # position p of request i at row start[i] + p - run_from
+                   for r in hp.regions(int(start[i]) - hp.run_from, st.stores[slots[i]], self.device)]
         for i in np.flatnonzero(done_prefill & refresh & (qlen == ib.prefill_len_np[:n])):
             regions.append(self._skipped(int(start[i]), int(qlen[i])))  # the first refresh recomputes it
         if regions:
@@ -341,17 +329,6 @@ class DllmModelState(ModelState):
                 p = int(prefix[i])
                 plans[i] = st.host[s].plan(p + int(b) * Lb, (lo, hi), shift, p, int(qlen[i]))
         return plans
-
-    def _regions(self, slot: int, first: int, hp: HostPlan) -> list[Region]:
-        """A request's cached parts as executor regions: its rows in the forward (position p at row
-        ``first + p - run_from``) and its feature stores (the response at the slot, other parts per request)."""
-        st, out = self.states, []
-        for part in hp.parts:
-            rows = self._rows(first + np.arange(part.start, part.end)[None] - hp.run_from)
-            store, at = ((st.features, self._rows([slot])) if part.name == "response" else
-                         (st.part_store(slot, part.name, part.length), self._rows([0])))
-            out.append(Region(rows, at, store, part.reuse, lambda layer, part=part: part.layer(layer, self.device)))
-        return out
 
     def _tally(self, plan: StepPlan, slots, known, qlen, extra, prefix, denoise) -> None:
         """Work accounting: each row's slot (the forward sums its full-layer runs into the slot) and,

@@ -64,11 +64,12 @@ def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
     raise RuntimeError(f"vLLM engine failed (exit {p.returncode}):\n{out[-6000:]}")
 
 
-def start_server(model: Path, port: int, *flags: str) -> subprocess.Popen:
-    """``python -m integrations.vllm.serve MODEL ...`` (the ``--dllm-*`` launcher) in the background."""
+def start_server(model: Path, port: int, *flags: str, tiny: bool = True) -> subprocess.Popen:
+    """``python -m integrations.vllm.serve MODEL ...`` (the ``--dllm-*`` launcher) in the background; ``tiny``: the
+    tests' short context and canvas (else: the model's own context and the server's default canvas)."""
+    sizes = ["--max-model-len", "256", "--diffusion-config", json.dumps({"canvas_length": CANVAS})] if tiny else []
     args = [sys.executable, "-m", "integrations.vllm.serve", str(model), "--port", str(port), "--host", "127.0.0.1",
-            "--dtype", "float32", "--max-model-len", "256", "--max-num-seqs", "4",
-            "--diffusion-config", json.dumps({"canvas_length": CANVAS}), *flags]
+            "--dtype", "float32", "--max-num-seqs", "4", *sizes, *flags]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(),
                             cwd=ROOT, start_new_session=True)
 
@@ -80,10 +81,10 @@ def free_port() -> int:
 
 
 @contextmanager
-def serving(model: Path, *flags: str, timeout: float = 400):
+def serving(model: Path, *flags: str, timeout: float = 400, tiny: bool = True):
     """A ``start_server`` process answering /health -> its base URL (stopped on exit)."""
     port = free_port()
-    proc = start_server(model, port, *flags)
+    proc = start_server(model, port, *flags, tiny=tiny)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout
