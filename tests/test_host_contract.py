@@ -71,3 +71,18 @@ def test_host_plans_say_what_is_recomputed():
     prompt = third.cover("prompt", 0, 5)  # a host that runs every position: the held rows reused
     assert prompt.layer(0, "cpu")[0].tolist() == [[False] * 4 + [True]]
     assert torch.equal(third.parts[0].layer(1, "cpu")[0], torch.arange(24)[None] < 8)
+
+
+def test_emission_and_prefill_of_a_refreshing_policy_keep_nothing():
+    """A policy that refreshes the prefix runs no layer in the prompt prefill nor in the forward that emits a
+    canvas (its next step recomputes those positions): a nameless part, whose store keeps nothing."""
+    from dllm_core.cache import CanvasCache
+    from dllm_core.cache.executor import NoFeatures, PartStores
+
+    req = HostRequest(make_cache("dllm"), prompt_len=5)
+    assert req.prefill_plan(5) == HostPlan(0, [HostPart("", 0, 5)])
+    plan = req.commit_plan(13, 16)
+    assert plan == HostPlan(13, [HostPart("", 13, 29)])
+    stores = PartStores(2, 8, 16, torch.zeros(0))
+    assert isinstance(plan.regions(0, stores, "cpu")[0].store, NoFeatures) and stores.stores == {}
+    assert HostRequest(CanvasCache(), prompt_len=5).commit_plan(13, 16) is None  # the block canvas keeps its K/V

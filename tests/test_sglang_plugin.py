@@ -69,7 +69,7 @@ def test_entry_point_registers_everything_in_a_fresh_process(ckpt, tmp_path):
     assert got["wrapped"] == [True, True, True]
     assert got["config"] == "LLaDAConfig"
     mask = json.load(open(os.path.join(ckpt["dream"], "config.json")))["mask_token_id"]
-    assert got["dllm"] == ["SlowFast", 16, mask, {"block_size": 16, "k": 4}]
+    assert got["dllm"] == ["SlowFast", 16, mask, {"block_size": 16, "k": 4, "cache": "dual"}]  # the default policy
 
 
 def resolved(model, algo, yaml_text, tmp_path, **kw):
@@ -105,9 +105,21 @@ def test_launch_llada_with_dllm_cache(ckpt, tmp_path, caplog):
 
 
 def test_launch_graphs_stay_on_without_cache_and_off_for_dream(ckpt, tmp_path):
-    """(SGLang captures dLLM blocks in the decode phase; prefill graphs are off by default.)"""
-    assert graphs_off(resolved(ckpt["llada"], "FastDllmThreshold", "tau: 0.8\n", tmp_path))[0] is False
-    assert graphs_off(resolved(ckpt["dream"], "FastDllmThreshold", "tau: 0.8\n", tmp_path)) == [True, True]
+    """(SGLang captures dLLM blocks in the decode phase; prefill graphs are off by default.) SGLang's block
+    canvas keeps them, asked for by name; Dream turns them off."""
+    assert graphs_off(resolved(ckpt["llada"], "FastDllmThreshold", "tau: 0.8\ncache: canvas\n", tmp_path))[0] is False
+    assert graphs_off(resolved(ckpt["dream"], "FastDllmThreshold", "tau: 0.8\ncache: canvas\n", tmp_path)) == \
+        [True, True]
+
+
+def test_no_cache_option_serves_the_whole_response(ckpt, tmp_path):
+    """Defaults never lose quality: with no cache option our model classes decode the whole response as one
+    canvas (Fast-dLLM's dual cache: the embedded engine's semantics), never chained block canvases."""
+    sa = resolved(ckpt["llada"], "FastDllmThreshold", "tau: 0.8\n", tmp_path)
+    assert graphs_off(sa)[0] is True and resolving_view(sa).disable_radix_cache
+    cfg = DllmConfig.from_server_args(sa)
+    assert cfg.policy().name == "dual" and cfg.algorithm_config["cache"] == "dual"
+    assert type(get_algorithm(cfg).whole).__name__ == "ResponseHost"
 
 
 BAD = [("SlowFast", "k: 0", r"SlowFast\.k must be >= 1, got 0"),

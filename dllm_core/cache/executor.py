@@ -204,7 +204,10 @@ class PartStores:
     def __init__(self, n_layers: int, kv: int, d: int, like: torch.Tensor):
         self.shape, self.like, self.stores = (n_layers, kv, d), like, {}
 
-    def get(self, name: str, length: int) -> FeatureStore:
+    def get(self, name: str, length: int) -> "FeatureStore | NoFeatures":
+        """The part's store; a part with no name keeps nothing (``NoFeatures``)."""
+        if not name:
+            return NoFeatures(self.shape[1], self.shape[2], self.like)
         store = self.stores.get(name)
         if store is None or store.length != length:
             n_layers, kv, d = self.shape

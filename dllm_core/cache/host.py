@@ -12,7 +12,8 @@ sequence: prompt, emitted tokens, then the canvas):
 
 * positions ``< run_from`` are not run: their K/V are the ones the host holds (paged cache, stored features);
 * live positions ``[run_from, prefix + width)`` are run; those in no ``HostPart`` are recomputed in every layer;
-* a ``HostPart`` is a range of positions with its own feature store (``name``: ``prompt`` or ``response``),
+* a ``HostPart`` is a range of positions with its own feature store (``name``: ``prompt`` or ``response``; no
+  name: nothing is kept and nothing stale is read - a forward whose rows the next step recomputes anyway),
   whose features (K, V, attention and FFN outputs) the host keeps between steps: per layer the part recomputes
   ``always`` and, where ``schedule(layer)`` says so, every position (``full``) or the V-verify pick (``verify``,
   by ``reuse``); other positions reuse the stored features. Every part's features are stored back.
@@ -166,12 +167,11 @@ class HostRequest:
         return plan
 
     def commit_plan(self, prefix: int, width: int) -> HostPlan | None:
-        """The forward that emits a finished canvas (its K/V kept by the host): a policy that refreshes the
-        prefix recomputes nothing there (its next step refreshes); None: the host runs it whole."""
-        if not self.policy.refreshes_prefix:
-            return None
-        return HostPlan(prefix, [HostPart("response", prefix, prefix + width)])
+        """The forward that emits a finished canvas: a policy that refreshes the prefix runs no layer there (its
+        next step recomputes those positions); None: the host runs it whole (its K/V are kept)."""
+        return HostPlan(prefix, [HostPart("", prefix, prefix + width)]) if self.policy.refreshes_prefix else None
 
-    def prefill_skipped(self) -> bool:
-        """Whether the prompt prefill can run no layer: the first step recomputes the whole prefix anyway."""
-        return self.policy.refreshes_prefix
+    def prefill_plan(self, length: int) -> HostPlan | None:
+        """The prompt prefill (positions [0, length)): no layer run under a policy that refreshes the prefix (the
+        first step recomputes it); None: the host runs it whole."""
+        return HostPlan(0, [HostPart("", 0, length)]) if self.policy.refreshes_prefix else None

@@ -32,7 +32,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from .response import BATCH, ResponseHost
-from .options import CACHE_KEY, AlgorithmOptions, read_yaml
+from .options import CACHE_KEY, AlgorithmOptions, read_yaml, with_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -99,16 +99,15 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         cannot (CUDA graphs; the radix cache: a refresh rewrites the prefix K/V in place)."""
         from sglang.srt.arg_groups.overrides import resolving_view
 
+        from .plugin import ARCHS, model_architecture
+
         cfg = resolving_view(server_args)
-        path = cfg.dllm_algorithm_config
-        try:
-            opts = cls.options(read_yaml(path))
+        path, arch = cfg.dllm_algorithm_config, model_architecture(server_args)
+        try:  # our model classes default to a policy over the whole response
+            opts = cls.options(with_default_cache(read_yaml(path), arch in ARCHS))
         except ValueError as e:
             raise ValueError(f"--dllm-algorithm-config {path}: {e}") from None
         if opts.caching or opts.policy is not None:
-            from .plugin import ARCHS, model_architecture
-
-            arch = model_architecture(server_args)
             key = "dllm_cache" if opts.caching else f"cache: {opts.policy.name}"
             if arch not in ARCHS:
                 raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{key} needs one of the "

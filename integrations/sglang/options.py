@@ -11,8 +11,8 @@ One YAML mapping per launch. Keys:
 * ``temperature``, ``top_p``, ``top_k``, ``seed``: proposal sampling (default greedy);
 * ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
   first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
-* ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``, the default: SGLang's block
-  canvas), Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) or dLLM-Cache
+* ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``: SGLang's block canvas; the default of
+  models that are not ours, e.g. LLaDA2, for which it is exact; ours default to ``dual``, ``DEFAULT_POLICY``), Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) or dLLM-Cache
   ``dllm`` (``dllm:kp=4,kr=2,rho=0.25``: every ``DLLMCache`` option) with the embedded engine's semantics
   over the whole response (``response.py``; any dllm_core policy that refreshes the prefix, by name or
   ``module.Class``); exclusive with ``dllm_cache``;
@@ -66,6 +66,18 @@ def parse_policy(algo: str, value) -> CachePolicy | None:
         return parse_spec(spec, whole, where)
     except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
         raise ValueError(e.under(where)) from None
+
+
+DEFAULT_POLICY = "dual"  # no `cache` / `dllm_cache` on our model classes: the whole response, Fast-dLLM's dual
+
+
+def with_default_cache(cfg: dict, whole_response: bool) -> dict:
+    """The YAML with the default cache policy of a model that serves the whole response as one canvas (our LLaDA /
+    Dream classes): defaults never decode a response as chained block canvases; SGLang's block canvas only when
+    asked for by name (``cache: canvas``)."""
+    if whole_response and POLICY_KEY not in cfg and CACHE_KEY not in cfg:
+        return {**cfg, POLICY_KEY: DEFAULT_POLICY}
+    return cfg
 
 
 def read_yaml(path: str | None) -> dict:

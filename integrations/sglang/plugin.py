@@ -91,7 +91,7 @@ def dllm_config(original, server_args):
     from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.dllm.algorithm import get_algorithm_cls
     from .algorithm import DllmServeConfig
-    from .options import read_yaml
+    from .options import read_yaml, with_default_cache
 
     cfg = resolving_view(server_args)
     if cfg.dllm_algorithm is None:
@@ -109,7 +109,7 @@ def dllm_config(original, server_args):
     algorithm_cls = get_algorithm_cls(cfg.dllm_algorithm)
     if algorithm_cls.supported_architectures and arch not in algorithm_cls.supported_architectures:
         raise ValueError(f"{cfg.dllm_algorithm} does not support model architecture {arch}")
-    algorithm_config = read_yaml(cfg.dllm_algorithm_config)
+    algorithm_config = with_default_cache(read_yaml(cfg.dllm_algorithm_config), arch in ARCHS)
     trained = getattr(hf, "block_size", BLOCK_SIZE) if arch == BLOCK_CAUSAL else None
     block_size = algorithm_config.get("block_size", trained or DEFAULT_BLOCK)
     if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from dllm_core.cache import CachePolicy, CanvasCache, HostPlan, HostRequest, host_cache
-from dllm_core.cache.executor import CachedStep, NoFeatures, PartStores, Region
+from dllm_core.cache.executor import CachedStep, PartStores
 from dllm_core.engine.generate import grid_canvas_width
 from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
@@ -304,8 +304,9 @@ class DllmModelState(ModelState):
                 plan.capture_slots = self._rows(slots[cap])
         regions = [r for i, hp in plans.items()  # position p of request i at row start[i] + p - run_from
                    for r in hp.regions(int(start[i]) - hp.run_from, st.stores[slots[i]], self.device)]
-        for i in np.flatnonzero(done_prefill & refresh & (qlen == ib.prefill_len_np[:n])):
-            regions.append(self._skipped(int(start[i]), int(qlen[i])))  # the first refresh recomputes it
+        for i in np.flatnonzero(done_prefill & (qlen == ib.prefill_len_np[:n])):  # a whole prompt prefill
+            if (hp := st.host[slots[i]].prefill_plan(int(qlen[i]))) is not None:
+                regions += hp.regions(int(start[i]), st.stores[slots[i]], self.device)
         if regions:
             plan.cached = CachedStep(regions, st.generator)
         self._tally(plan, slots, known, qlen, extra, prefix, denoise)
@@ -344,14 +345,6 @@ class DllmModelState(ModelState):
         if (ib.num_computed_tokens_np[:len(qlen)][prefill] > 0).any():
             raise RuntimeError("dllm: a block-causal prompt must be prefilled in one chunk from position 0")
         return [(int(start[i]), int(qlen[i])) for i in np.flatnonzero(prefill)]
-
-    def _skipped(self, start: int, length: int) -> Region:
-        """A prompt prefill run through no layer: its K/V and output are recomputed by the request's
-        first refresh before anything reads them."""
-        n_layers, kv = self.states.feature_shape
-        rows = self._rows(np.arange(start, start + length)[None])
-        return Region.fixed(rows, self._rows([0]), NoFeatures(kv, self.states.args.dim, self.states.last_hidden),
-                            torch.zeros(1, length, dtype=torch.bool, device=self.device))
 
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
