@@ -103,27 +103,51 @@ class BlockProgress:
 
 class SlotStates:
     """A sampler's per-request rows (``new_state``) kept between a host's scheduler rounds, one row
-    per request slot (``grow`` adds slots). Host-side entries (block counters) keep the latest value."""
+    per request slot (``grow`` adds slots). Host-side entries (block counters) keep the latest value.
+    A caller that names a batch by a host ``key`` (its slots as a tuple) keeps that batch's rows gathered
+    between steps: the same batch again reads and writes them in place, another batch writes them back
+    first (no gather / scatter per step while a host's batch is unchanged)."""
 
     def __init__(self, sampler: Sampler, block_len: int, steps: int, device, slots: int = 0):
         self.sampler, self.L, self.steps, self.device = sampler, block_len, steps, device
         self.full = sampler.new_state(slots, block_len, steps, device)
         self.slots = slots
+        self.held: list | None = None  # [key, slots, batch state, dirty]
 
     def grow(self, slots: int) -> None:
         """At least ``slots`` rows."""
         if slots > self.slots:
+            self.flush()
             extra = self.sampler.new_state(slots - self.slots, self.L, self.steps, self.device)
             self.full = {k: torch.cat([v, extra.get(k, v[:0].new_zeros(slots - self.slots, *v.shape[1:]))])
                          if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
             self.slots = slots
 
-    def gather(self, slots: torch.Tensor) -> dict:
-        """The rows of ``slots`` [m] as one batch state."""
-        return {k: v[slots] if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
+    def flush(self) -> None:
+        """Write the held batch back into its rows."""
+        held, self.held = self.held, None
+        if held is not None and held[3]:
+            self._write(held[1], held[2])
 
-    def scatter(self, slots: torch.Tensor, st: dict) -> None:
-        """Write a batch state back into the rows of ``slots``."""
+    def gather(self, slots: torch.Tensor, key: tuple | None = None) -> dict:
+        """The rows of ``slots`` [m] as one batch state (held under ``key``)."""
+        if key is not None and self.held is not None and self.held[0] == key:
+            return self.held[2]
+        self.flush()
+        st = {k: v[slots] if isinstance(v, torch.Tensor) else v for k, v in self.full.items()}
+        if key is not None:
+            self.held = [key, slots, st, False]
+        return st
+
+    def scatter(self, slots: torch.Tensor, st: dict, key: tuple | None = None) -> None:
+        """Write a batch state back into the rows of ``slots`` (under ``key``: when another batch needs them)."""
+        if key is not None and (self.held is None or self.held[0] == key):
+            self.held = [key, slots, st, True]
+            return
+        self.flush()
+        self._write(slots, st)
+
+    def _write(self, slots: torch.Tensor, st: dict) -> None:
         for k, v in st.items():
             if not isinstance(v, torch.Tensor):
                 self.full[k] = v
@@ -132,9 +156,12 @@ class SlotStates:
                 self.full[k] = v.new_zeros((self.slots, *v.shape[1:]))
             self.full[k][slots] = v
 
-    def reset(self, slots: torch.Tensor) -> None:
-        """Fresh rows (``new_state``) for new requests in ``slots``."""
-        self.scatter(slots, self.sampler.new_state(len(slots), self.L, self.steps, self.device))
+    def reset(self, slots: torch.Tensor, masked: torch.Tensor | None = None) -> None:
+        """Fresh rows (``new_state``) for new requests in ``slots``; ``masked`` [m, L]: their block begins too."""
+        st = self.sampler.new_state(len(slots), self.L, self.steps, self.device)
+        if masked is not None:
+            self.sampler.begin_block(st, masked)
+        self.scatter(slots, st)
 
     def begin_block(self, slots: torch.Tensor, masked: torch.Tensor) -> None:
         """``Sampler.begin_block`` for the rows of ``slots``; masked [m, L]."""
@@ -160,11 +187,14 @@ class SlotGroups:
         ss.grow(slots)
         return ss
 
-    def split(self, slots: list[int], steps: list[int]) -> list[tuple[list[int], torch.Tensor, SlotStates]]:
-        """Batch rows grouped by steps per block -> [(rows, their slots [m], their SlotStates)]."""
+    def split(self, slots: list[int], steps: list[int]) -> list[tuple[list[int], torch.Tensor, SlotStates, tuple]]:
+        """Batch rows grouped by steps per block -> [(rows, their slots [m], their SlotStates, the slots' key)]."""
         groups: dict[int, list[int]] = {}
         for i, s in enumerate(steps):
             groups.setdefault(s, []).append(i)
         top = max(slots) + 1 if slots else 0
-        return [(rows, torch.tensor([slots[i] for i in rows], device=self.device), self.states(s, top))
-                for s, rows in groups.items()]
+        out = []
+        for s, rows in groups.items():
+            key = tuple(slots[i] for i in rows)
+            out.append((rows, torch.tensor(key, device=self.device), self.states(s, top), key))
+        return out

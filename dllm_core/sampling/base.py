@@ -168,12 +168,16 @@ class Sampler:
 
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool)."""
+        return self.scored_step(logits, x, st, tc, lo)[:2]
+
+    def scored_step(self, logits, x, st, tc, lo: int = 0):
+        """``step`` that also returns the confidences it ranked: (x0, commit, conf [B, W] float32)."""
         x0 = propose(logits, tc)
-        masked = x == tc.mask_id
-        commit = self.select(confidence(self.confidence, logits, x0, tc), masked, st, lo)
+        conf = confidence(self.confidence, logits, x0, tc)
+        commit = self.select(conf, x == tc.mask_id, st, lo)
         st["i"] += 1
         st["n"] += 1
-        return x0, commit
+        return x0, commit, conf
 
     def select(self, conf: torch.Tensor, masked: torch.Tensor, st: dict, lo: int) -> torch.Tensor:
         raise NotImplementedError

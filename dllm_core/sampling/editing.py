@@ -71,12 +71,15 @@ class Editable(Sampler):
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         if self.edit is None:
             return super().step(logits, x, st, tc, lo)
-        x0, m2t = super().step(logits, x, st, tc, lo)
+        x0, m2t, conf = self.scored_step(logits, x, st, tc, lo)
         masked, run = x == tc.mask_id, ~st["fin"]  # [B, W], [B]
         has = masked.any(-1)
         post = st["post"] + (run & ~has)
         spent = ~has & (post > self.post_edit)
-        p = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]  # probability of the proposal
+        if self.confidence == "low_confidence" and not tc.confidence_eos_eot_inf:  # the same probability, ranked
+            p = conf.to(logits.dtype)
+        else:
+            p = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]  # probability of the proposal
         t2t = edit_commit(p, x0, x, masked, st["frozen"][:, lo:lo + x.shape[1]], self.edit)
         commit = (m2t | t2t) & (run & ~spent)[:, None]
         st["post"] = torch.where(run, post, st["post"])

@@ -14,7 +14,8 @@ from ..options import check_min, check_range
 def threshold_commit(conf: torch.Tensor, masked: torch.Tensor, tau: float) -> torch.Tensor:
     """Every masked position with conf >= tau, and always the most confident one. [B, W] -> [B, W]."""
     c = masked_score(conf, masked)
-    return masked & ((c >= tau) | (rank_desc(c) == 0))
+    top = torch.zeros_like(masked).scatter_(-1, c.argmax(-1, keepdim=True), True)  # the first maximum: rank 0
+    return masked & ((c >= tau) | top)
 
 
 def factor_commit(conf: torch.Tensor, masked: torch.Tensor, f: float) -> torch.Tensor:

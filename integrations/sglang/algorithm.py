@@ -167,7 +167,7 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         return [RowState() for _ in range(forward_batch.batch_size)]
 
     def sampler_rows(self, forward_batch, states: List[Any], masked: torch.Tensor) -> list:
-        """The batch's rows grouped by steps per block: [(rows, their request slots, their SlotStates)]
+        """The batch's rows grouped by steps per block: [(rows, their request slots, their SlotStates, key)]
         (fresh blocks get new sampler rows)."""
         slots = forward_batch.req_pool_indices.tolist()
         if self.rows is None:
@@ -179,11 +179,10 @@ class DllmCoreAlgorithm(DllmAlgorithm):
             for i, n in zip(fresh, self.block_steps([reqs[i] for i in fresh])):
                 states[i].steps, states[i].fresh = n, False
         groups = self.rows.split(slots, [s.steps for s in states])
-        for rows, idx, ss in groups:
+        for rows, idx, ss, _ in groups:
             new = [j for j, i in enumerate(rows) if i in fresh]
             if new:
-                ss.reset(idx[new])
-                ss.begin_block(idx[new], masked[[rows[j] for j in new]])
+                ss.reset(idx[new], masked[[rows[j] for j in new]])
         return groups
 
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
@@ -212,21 +211,23 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)
+        if all(s.fresh for s in states) and not bool(masked.any()):  # prompt blocks: nothing to decode
+            return [True] * B
         logits = full_logits.view(B, L, -1)
         pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
         x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
-        before, done, after = ids.clone(), torch.zeros(B, dtype=torch.bool), torch.zeros(B, dtype=torch.bool)
-        for rows, slots, ss in self.sampler_rows(forward_batch, states, masked):
-            st = ss.gather(slots)
-            r = torch.tensor(rows, device=ids.device)
-            done[rows] = self.sampler.rows_done(st, masked[r]).cpu()
-            if bool(done[rows].all()):
-                after[rows] = True
+        before, tc = ids.clone(), self.token_context(ids.device)
+        done, after = (torch.zeros(B, dtype=torch.bool, device=ids.device) for _ in range(2))
+        for rows, slots, ss, key in self.sampler_rows(forward_batch, states, masked):
+            r = slice(None) if len(rows) == B else torch.tensor(rows, device=ids.device)  # one group: no copies
+            st = ss.gather(slots, key)
+            done[r] = d = self.sampler.rows_done(st, masked[r])
+            if bool(d.all()):
+                after[r] = True
                 continue
-            xr, a = denoise_step(self.sampler, st, logits[r], x[r], self.token_context(ids.device))
-            ss.scatter(slots, st)
+            xr, after[r] = denoise_step(self.sampler, st, logits[r], x[r], tc)
+            ss.scatter(slots, st, key)
             ids[r] = torch.where(xr == -1, ids[r], xr)  # in place: forward_batch.input_ids
-            after[rows] = a.cpu()
         if bool(done.all()):
             return done.tolist()
         if self.opts.caching:  # rows whose block is done: their next forward persists it

@@ -174,7 +174,7 @@ class ResponseHost:
     def _plan(self, resps: list[Response], live: list[int], shift: int) -> list[RowPlan | None]:
         """Begin the live rows' new blocks; -> each batch row's plan of this step (None: not live)."""
         rows: list[RowPlan | None] = [None] * len(resps)
-        for bs, idx, ss in self._groups(resps, live):
+        for bs, idx, ss, key in self._groups(resps, live):
             x = torch.stack([resps[b].block_ids() for b in bs])
             new = [j for j, b in enumerate(bs) if resps[b].new]
             if new:
@@ -182,7 +182,7 @@ class ResponseHost:
                 for j in new:
                     resps[bs[j]].new = False
                     resps[bs[j]].host.begin_block()
-            flo, fhi = plan_step(self.sampler, ss.gather(idx), x == self.mask_id).focus
+            flo, fhi = plan_step(self.sampler, ss.gather(idx, key), x == self.mask_id).focus
             for b, lo, hi in zip(bs, flo.tolist(), fhi.tolist()):
                 r = resps[b]
                 rows[b] = RowPlan(r, r.host.plan(r.start, (lo, hi), shift, r.P, r.G), r.start)
@@ -194,12 +194,12 @@ class ResponseHost:
         blocks), the canvas mirrored into SGLang's block ids; -> per row whether SGLang's block is decoded."""
         resps, offsets, live = self.batch
         B, L = fb.batch_size, self.L
-        for bs, idx, ss in self._groups(resps, live):
-            st = ss.gather(idx)
+        for bs, idx, ss, key in self._groups(resps, live):
+            st = ss.gather(idx, key)
             x = torch.stack([resps[b].block_ids() for b in bs])
             x, after = denoise_step(self.sampler, st, logits.view(B, L, -1)[torch.tensor(bs, device=logits.device)],
                                     x, tc)
-            ss.scatter(idx, st)
+            ss.scatter(idx, st, key)
             for j, (b, fin) in enumerate(zip(bs, after.tolist())):
                 r = resps[b]
                 r.ids[r.start:r.start + L] = x[j]
@@ -242,8 +242,8 @@ class ResponseHost:
         return out
 
     def _groups(self, resps: list[Response], rows: list[int]):
-        """Batch rows grouped by their steps per block: [(rows, request slots [m], SlotStates)]."""
-        return [([rows[i] for i in g], idx, ss) for g, idx, ss in
+        """Batch rows grouped by their steps per block: [(rows, request slots [m], SlotStates, key)]."""
+        return [([rows[i] for i in g], idx, ss, key) for g, idx, ss, key in
                 self.rows.split([resps[b].slot for b in rows], [resps[b].steps_per_block for b in rows])]
 
 

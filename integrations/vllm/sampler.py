@@ -138,8 +138,9 @@ class DllmSampler:
         win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
         xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
         ss = st.sampler_states(pol)  # rows starting a block had begin_block before the forward
-        state = ss.gather(idx)
+        key = tuple(sl.tolist())  # the batch's rows stay gathered while it is unchanged
+        state = ss.gather(idx, key)
         xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
-        ss.scatter(idx, state)
+        ss.scatter(idx, state, key)
         st.canvas[idx] = x.scatter(1, win, xw)
         return st.progress.advance(sl, done.cpu().numpy())  # the one host sync of a step

@@ -325,7 +325,8 @@ class DllmModelState(ModelState):
             idx = self._rows(sl)
             cols = self._rows(st.progress.block[sl] * Lb)[:, None] + torch.arange(Lb, device=self.device)
             blk = st.canvas[idx].gather(1, cols)
-            flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx), blk == st.mask_id).focus
+            flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx, tuple(sl.tolist())),
+                                 blk == st.mask_id).focus
             for i, s, b, lo, hi in zip(members, sl, st.progress.block[sl], flo.tolist(), fhi.tolist()):
                 p = int(prefix[i])
                 plans[i] = st.host[s].plan(p + int(b) * Lb, (lo, hi), shift, p, int(qlen[i]))
