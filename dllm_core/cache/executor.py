@@ -260,11 +260,6 @@ class Region:
     reuse: FeatureReuse | None
     plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
 
-    @classmethod
-    def fixed(cls, rows: torch.Tensor, slots: torch.Tensor, store, recompute: torch.Tensor) -> "Region":
-        """Regions that recompute the same positions ``recompute`` [m, L] in every layer, no adaptive pick."""
-        return cls(rows, slots, store, None, lambda layer: (recompute, [False] * recompute.shape[0]))
-
 
 class CachedStep:
     """The cached regions of one host forward; ``layer`` runs one layer over all of its rows."""
@@ -274,21 +269,16 @@ class CachedStep:
 
     @classmethod
     def by_policy(cls, rows: torch.Tensor, slots: torch.Tensor, steps: Sequence[int], policies: Sequence,
-                  store: FeatureStore, generator: torch.Generator | None = None,
-                  recompute: torch.Tensor | None = None) -> "CachedStep":
+                  store: FeatureStore, generator: torch.Generator | None = None) -> "CachedStep":
         """Canvas regions rows [m, L] (slots [m] of ``store``) grouped by policy: a ``CanvasCache``
         recomputes by its ``full_layer`` schedule at each request's denoise step in the canvas (host
-        ints; 0 = first step: every layer), V-verify elsewhere; any other policy has fixed rows for
-        the whole forward (Fast-dLLM between refreshes: ``recompute`` [m, L])."""
+        ints; 0 = first step: every layer), V-verify elsewhere."""
         members: dict = {}
         for j, p in enumerate(policies):
             members.setdefault(p, []).append(j)
         regions = []
         for pol, js in members.items():
             idx = torch.tensor(js, device=rows.device)
-            if not isinstance(pol, FeatureReuse):
-                regions.append(Region.fixed(rows[idx], slots[idx], store, recompute[idx]))
-                continue
             st = [steps[j] for j in js]
             plan = (lambda layer, pol=pol, st=st, shape=(len(js), rows.shape[1]):
                     _full_plan([pol.full_layer(c, layer) for c in st], shape, rows.device))

@@ -77,25 +77,20 @@ def block_final(done_before: torch.Tensor, x_before: torch.Tensor, x_after: torc
 
 class BlockProgress:
     """Per-row cursor through the semi-autoregressive blocks of a canvas (host numpy, one row per
-    request slot): the block being decoded, whether it starts at the next step, the denoise steps
-    taken in the canvas and in the block (dLLM-Cache's schedules) and the row's number of blocks."""
+    request slot): the block being decoded, whether it starts at the next step and the row's number of
+    blocks (the policies' step counters live in the core's ``HostRequest``)."""
 
     def __init__(self, rows: int):
         self.block = np.zeros(rows, dtype=np.int64)
         self.new = np.zeros(rows, dtype=bool)
-        self.steps = np.zeros(rows, dtype=np.int64)
-        self.block_steps = np.zeros(rows, dtype=np.int64)  # denoise steps in the current block
         self.n_blocks = np.ones(rows, dtype=np.int64)
 
     def start(self, rows: np.ndarray, n_blocks: np.ndarray | int) -> None:
         """A fresh canvas of ``n_blocks`` blocks for ``rows``."""
-        self.block[rows], self.new[rows], self.steps[rows], self.n_blocks[rows] = 0, True, 0, n_blocks
-        self.block_steps[rows] = 0
+        self.block[rows], self.new[rows], self.n_blocks[rows] = 0, True, n_blocks
 
     def advance(self, rows: np.ndarray, done: np.ndarray) -> np.ndarray:
         """After a step of ``rows``: rows with ``done`` blocks move on. -> [len(rows)] canvas done."""
-        self.steps[rows] += 1
-        self.block_steps[rows] = np.where(done, 0, self.block_steps[rows] + 1)
         self.new[rows] = done
         self.block[rows[done]] += 1
         return self.block[rows] >= self.n_blocks[rows]

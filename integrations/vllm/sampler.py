@@ -109,13 +109,7 @@ class DllmSampler:
     def _denoise(self, rows: np.ndarray, slots, nlog, cu, logits) -> None:
         """One dllm_core sampler step per group of requests sharing a configuration."""
         st = self.states
-        groups: dict[tuple, list[int]] = {}
-        for r in rows:
-            groups.setdefault(st.policy[slots[r]].group, []).append(r)
-        finished = []
-        for members in groups.values():
-            m = np.array(members)
-            finished.append(m[self._step_group(m, slots, nlog, cu, logits)])
+        finished = [m[self._step_group(m, slots, nlog, cu, logits)] for m in st.groups(rows, slots)]
         done = np.concatenate(finished)
         st.phase[slots[done]] = COMMIT
 

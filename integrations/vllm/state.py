@@ -181,6 +181,13 @@ class DllmStates:
             self.slot_states[key] = SlotStates(pol.sampler, pol.block_length, pol.steps, self.device, self.max_reqs)
         return self.slot_states[key]
 
+    def groups(self, rows, slots) -> list[np.ndarray]:
+        """``rows`` of a batch grouped by their requests' sampler configuration (one batched step each)."""
+        groups: dict[tuple, list[int]] = {}
+        for r in rows:
+            groups.setdefault(self.policy[slots[r]].group, []).append(r)
+        return [np.array(g) for g in groups.values()]
+
     def token_context(self, pol: RequestPolicy) -> TokenContext:
         return TokenContext(self.mask_id, pol.temperature, pol.top_p, pol.top_k, self.args.eos_token_id, pol.eot_id,
                             pol.logits_eos_inf, pol.confidence_eos_eot_inf, self.generator)
@@ -316,10 +323,7 @@ class DllmModelState(ModelState):
         """The core's plan of each denoise step in ``rows``, from its block's sampler focus (one sampler call
         and one read per sampler configuration)."""
         st, shift, plans = self.states, int(self.model.shift_logits), {}
-        groups: dict[tuple, list[int]] = {}
-        for i in rows:
-            groups.setdefault(st.policy[slots[i]].group, []).append(i)
-        for members in groups.values():
+        for members in st.groups(rows, slots):
             pol = st.policy[slots[members[0]]]
             sl, Lb = slots[members], pol.block_length
             idx = self._rows(sl)
