@@ -1,10 +1,10 @@
 """The host contract: what a paged host engine (vLLM, SGLang) asks the core at each step of a request, and what
 the core answers. The host supplies positions and storage; the cache policy decides what is recomputed.
 
-    req = HostRequest(policy, prompt_len, stream)       # admission (per request, host side)
+    req = HostRequest(policy, prompt_len, stream)       # admission (``engine.slots.ResponseSlots.admit``)
     req.begin_canvas(prefix)                             # a canvas starts after ``prefix`` held positions
     req.begin_block()                                    # a block of the canvas starts
-    plan = req.plan(HostStep(start, focus, shift, prefix, width))   # before the forward
+    plan = req.plan(start, focus, shift, prefix, width)  # before the forward (``ResponseSlots.plan``)
     ...                                                  # the host runs ``plan`` (rows, parts, stores)
 
 A ``HostPlan`` names the step's live positions and how each layer treats them (positions are the request's
@@ -109,9 +109,9 @@ class HostPlan:
 
 @dataclass
 class HostRequest:
-    """The core's per-request state on a host: the policy's refresh key / age (Fast-dLLM), the step counters
-    (the generation's, the block's, the canvas's: dLLM-Cache and the canvas schedule) and the generation's
-    prompt part. ``stream``: the whole response is one generation (canvases after the first continue it);
+    """The core's per-request policy state on a host (``engine.slots.ResponseSlots`` keeps one per slot): the
+    policy's refresh key / age (Fast-dLLM), the step counters (the generation's, the block's, the canvas's:
+    dLLM-Cache and the canvas schedule) and the generation's prompt part. ``stream``: the whole response is one generation (canvases after the first continue it);
     otherwise each canvas is a generation of its own (prompt = everything before it)."""
 
     policy: object
@@ -126,21 +126,6 @@ class HostRequest:
     gen_prompt: int = 0     # the generation's prompt part
     canvases: int = 0
     _reuse: object = field(default=None, repr=False, compare=False)
-    # work in the embedded engine's ``Counters`` units: forwards taken part in, rows x layers run through a full
-    # layer (an int, or a device scalar: no sync per step), what the uncached loop runs for the same forwards
-    forwards: int = 0
-    token_layers: int | torch.Tensor = 0
-    full_token_layers: int = 0
-
-    def count(self, token_layers, full_token_layers: int) -> None:
-        """One forward of the request's loop."""
-        self.forwards += 1
-        self.token_layers = self.token_layers + token_layers
-        self.full_token_layers += full_token_layers
-
-    def work(self) -> dict[str, int]:
-        return {"forwards": self.forwards, "token_layers": int(self.token_layers),
-                "full_token_layers": self.full_token_layers}
 
     def reuse(self, policy):
         """``policy``'s V-verify pick with this request's own generator (seeded like the embedded state's)."""

@@ -6,7 +6,7 @@ engine runs (the embedded loop, the vLLM sampler, the SGLang algorithm).
     x, done = take_step(sampler, st, plan, logits, x, tc)   # propose -> commit (active rows) -> advance
 
 ``x`` is the block's tokens [B, L]; ``done`` [B] says which rows finished their block (the
-sampler's ``rows_done``). ``BlockProgress`` moves rows through the blocks of a canvas.
+sampler's ``rows_done``). A paged host's requests move through their canvases in ``slots.ResponseSlots``.
 """
 from __future__ import annotations
 
@@ -36,14 +36,15 @@ class StepPlan:
     window: tuple[int, int]                     # union of the active rows' windows (host ints)
 
 
-def plan_step(sampler: Sampler, st: dict, masked: torch.Tensor) -> StepPlan:
-    """masked [B, L] -> the step's plan (no device sync, except SlowFast's window union)."""
+def plan_step(sampler: Sampler, st: dict, masked: torch.Tensor, window: tuple[int, int] | None = None) -> StepPlan:
+    """masked [B, L] -> the step's plan (no device sync, except SlowFast's window union when ``window`` - the
+    union of the rows' windows, known to the caller - is not given)."""
     active = sampler.active(st, masked)
-    return StepPlan(active, sampler.focus(st), sampler.window(st, active))
+    return StepPlan(active, sampler.focus(st), sampler.window(st, active) if window is None else window)
 
 
 def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, x: torch.Tensor,
-              tc: TokenContext) -> tuple[torch.Tensor, torch.Tensor]:
+              tc: TokenContext, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, W, V] of ``plan.window``, x [B, L] block tokens -> (x [B, L], done [B] bool).
 
     Commits only in active rows; a variable-step rule that leaves masks after L steps is an error
@@ -53,18 +54,31 @@ def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, 
     x = x.clone()
     x[:, lo:hi] = torch.where(commit & plan.active[:, None], x0, x[:, lo:hi])
     masked = x == tc.mask_id
-    L = x.shape[1]
-    if not sampler.fixed_steps and st["n"] >= L and bool(((st["i"] >= L) & masked.any(-1)).any()):
-        raise RuntimeError(f"sampler {sampler.name} left masks after {L} steps of a block of {L}")
+    if check and (bad := stuck(sampler, st, masked)) is not None and bool(bad.any()):
+        raise stuck_error(sampler, x.shape[1])
     return x, sampler.rows_done(st, masked)
 
 
-def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tensor,
-                 tc: TokenContext) -> tuple[torch.Tensor, torch.Tensor]:
-    """A host engine's step with the whole block's logits [B, L, V]: plan + take_step."""
-    plan = plan_step(sampler, st, x == tc.mask_id)
+def stuck(sampler: Sampler, st: dict, masked: torch.Tensor) -> torch.Tensor | None:
+    """[B] rows that a variable-step rule left with masks after L steps of a block of L (an error: every step of
+    such a rule commits at least one token); None when it cannot happen yet. masked [B, L]."""
+    L = masked.shape[1]
+    if sampler.fixed_steps or st["n"] < L:
+        return None
+    return (st["i"] >= L) & masked.any(-1)
+
+
+def stuck_error(sampler: Sampler, L: int) -> RuntimeError:
+    return RuntimeError(f"sampler {sampler.name} left masks after {L} steps of a block of {L}")
+
+
+def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tensor, tc: TokenContext,
+                 window: tuple[int, int] | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """A host engine's step with the whole block's logits [B, L, V]: plan + take_step (``window``: the union of
+    the rows' windows when the caller knows it; ``check``: read the ``stuck`` rule here)."""
+    plan = plan_step(sampler, st, x == tc.mask_id, window)
     lo, hi = plan.window
-    return take_step(sampler, st, plan, logits[:, lo:hi], x, tc)
+    return take_step(sampler, st, plan, logits[:, lo:hi], x, tc, check)
 
 
 def block_final(done_before: torch.Tensor, x_before: torch.Tensor, x_after: torch.Tensor,
@@ -73,27 +87,6 @@ def block_final(done_before: torch.Tensor, x_before: torch.Tensor, x_after: torc
     keeps that forward's K/V and moves on): done before the step, or finished by a step that changed
     nothing (token editing ends a block so). x [B, L] before / after the step."""
     return done_before | (done_after & (x_before == x_after).all(-1))
-
-
-class BlockProgress:
-    """Per-row cursor through the semi-autoregressive blocks of a canvas (host numpy, one row per
-    request slot): the block being decoded, whether it starts at the next step and the row's number of
-    blocks (the policies' step counters live in the core's ``HostRequest``)."""
-
-    def __init__(self, rows: int):
-        self.block = np.zeros(rows, dtype=np.int64)
-        self.new = np.zeros(rows, dtype=bool)
-        self.n_blocks = np.ones(rows, dtype=np.int64)
-
-    def start(self, rows: np.ndarray, n_blocks: np.ndarray | int) -> None:
-        """A fresh canvas of ``n_blocks`` blocks for ``rows``."""
-        self.block[rows], self.new[rows], self.n_blocks[rows] = 0, True, n_blocks
-
-    def advance(self, rows: np.ndarray, done: np.ndarray) -> np.ndarray:
-        """After a step of ``rows``: rows with ``done`` blocks move on. -> [len(rows)] canvas done."""
-        self.new[rows] = done
-        self.block[rows[done]] += 1
-        return self.block[rows] >= self.n_blocks[rows]
 
 
 class SlotStates:

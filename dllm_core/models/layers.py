@@ -146,3 +146,32 @@ class BlockOps:
             return self.layer.attend(qh, k, v, self.mask).flatten(0, 1)
         full = q.new_zeros(B * S, q.shape[-1]).index_copy_(0, rows, q)
         return self.layer.attend(full.view(B, S, -1, D).transpose(1, 2), k, v, self.mask).flatten(0, 1)[rows]
+
+
+class PackedAttention:
+    """Bidirectional attention over m requests laid out back to back in a forward's rows (request i: rows
+    [off[i], off[i + 1]), its whole sequence): each query attends to every position of its own request (torch
+    SDPA, one padded batch). A host's ``LayerOps.attend`` when it runs whole sequences outside its own kernels."""
+
+    def __init__(self, off: list[int], device):
+        self.off = torch.tensor(off, device=device)
+        n = self.off.diff()
+        t = torch.arange(int(n.max()), device=device)
+        self.kmask = t < n[:, None]                                      # [m, T]
+        self.kidx = torch.where(self.kmask, self.off[:-1, None] + t, 0)  # [m, T] row of each key
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, n_heads: int,
+                 n_kv: int, scale: float) -> torch.Tensor:
+        """q [n, Hq * D] of rows ``rows`` (ascending), k / v [N, Hkv * D] of every row -> [n, Hq * D]."""
+        D = q.shape[-1] // n_heads
+        rid = torch.searchsorted(self.off[1:], rows, right=True)  # request of each query row
+        cnt = torch.bincount(rid, minlength=self.kmask.shape[0])
+        j = torch.arange(int(cnt.max()), device=q.device)
+        qmask = j < cnt[:, None]
+        qidx = torch.where(qmask, (cnt.cumsum(0) - cnt)[:, None] + j, 0)
+        Q = q.view(-1, n_heads, D)[qidx].transpose(1, 2)    # [m, Hq, nq, D]
+        K = k.view(-1, n_kv, D)[self.kidx].transpose(1, 2)  # [m, Hkv, T, D]
+        V = v.view(-1, n_kv, D)[self.kidx].transpose(1, 2)
+        o = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.kmask[:, None, None, :], scale=scale,
+                                           enable_gqa=n_heads != n_kv)
+        return o.transpose(1, 2)[qmask].reshape(q.shape[0], n_heads * D)

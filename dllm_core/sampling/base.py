@@ -125,6 +125,7 @@ class Sampler:
 
     name: ClassVar[str] = "base"
     fixed_steps: ClassVar[bool] = False  # True: every block runs exactly steps_per_block steps
+    moves_focus: ClassVar[bool] = False  # True: ``focus`` is not always the whole block (it is after begin_block)
     confidence: str = "low_confidence"
 
     def __post_init__(self):

@@ -17,6 +17,7 @@ class SlowFast(Sampler):
     as span end after K slow steps; ``fallback=extreme`` keeps decoding slowly."""
 
     name: ClassVar[str] = "slowfast"
+    moves_focus: ClassVar[bool] = True
     min_conf: float = 0.1
     high: float = 0.85
     k: int = 8

@@ -207,7 +207,7 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         input_ids in place; returns per row whether its block had no masks *before* the step.
         Fast-dLLM: one step of each request's canvas; per row whether SGLang's block is decoded."""
         if self.whole is not None:
-            return self.whole.step(forward_batch, full_logits, self.token_context(full_logits.device))
+            return self.whole.step(forward_batch, full_logits)
         B, L = forward_batch.batch_size, self.block_size
         ids = forward_batch.input_ids.view(B, L)
         masked = self.masked(forward_batch)

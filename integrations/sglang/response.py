@@ -6,22 +6,22 @@ blocks of ``block_size`` that start at the prompt end, with the masked rest of t
 step. SGLang's scheduler knows nothing of this: it decodes blocks aligned to multiples of ``block_size`` from
 position 0 and nothing right of its block exists. Here its block is only a window onto the request's canvas:
 
-* the algorithm's ``ResponseHost`` keeps each request's canvas (a ``Response``, bound to the request slot and
-  its generation, with the core's ``HostRequest``) and runs the embedded loop over it: every SGLang forward of
-  a request being decoded is one step (``plan_step`` -> the policy's ``HostPlan`` -> forward ->
-  ``denoise_step``); SGLang's block ids mirror the canvas, and SGLang's block is done once its positions are
-  decoded. Prompt-prefill forwards and forwards after the response is decoded compute nothing;
+* the algorithm's ``ResponseHost`` binds each request (a ``Response``: its slot, generation and prompt) to the
+  core's request lifecycle (``dllm_core.engine.slots.ResponseSlots``: the canvas, block, sampler rows, policy
+  state and work, by slot): every SGLang forward of a request being decoded is one step of the embedded loop
+  (``begin`` / ``plan`` -> forward -> ``take``); SGLang's block ids mirror the canvas, and SGLang's block is done
+  once its positions are decoded. Prompt-prefill forwards and forwards after the response is decoded compute
+  nothing;
 * the model's ``ResponseForward`` runs every position [0, P + G) of each live request through dllm_core's
   executor (``CachedStep``): two regions per request, its prompt and its response (``HostPlan.cover``), each
   with its features (K, V, attention and FFN outputs) kept per request (``PartStores``) and recomputed per
-  layer as the plan says; queries attend (torch SDPA) to every position of their request. A layer that
-  recomputed prompt positions writes the prompt's K/V into SGLang's pool. Its logits rows are the canvas
-  block's (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b).
+  layer as the plan says; queries attend to every position of their request (the core's ``PackedAttention``).
+  A layer that recomputed prompt positions writes the prompt's K/V into SGLang's pool. Its logits rows are the
+  canvas block's (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b).
 
-Work accounting (the embedded engine's ``Counters`` units): each request's ``HostRequest`` counts the forwards
-it took part in, the rows x layers the executor ran through the full layer (its ``tally``) and what the
-uncached loop runs for the same forwards. ``ResponseHost.work(rid)`` reads it (in flight, or one of the last
-``WORK_KEPT`` finished).
+Work accounting (the embedded engine's ``Counters`` units) is the core's: the forwards each request took part
+in, the rows x layers the executor ran through the full layer (its ``tally``) and what the uncached loop runs for
+the same forwards; ``ResponseHost.work(rid)`` reads it (in flight, or recently finished).
 
 The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plugin's hook on
 ``ForwardBatch.init_new`` hands the batch's requests over (``BatchRequests``).
@@ -29,25 +29,21 @@ The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plu
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from types import SimpleNamespace
 
+import numpy as np
 import torch
-import torch.nn.functional as F
 
 from dllm_core.cache import CachePolicy, HostPlan, HostRequest
 from dllm_core.cache.executor import CachedStep, PartStores
-from dllm_core.engine.step import SlotGroups, denoise_step, plan_step
-from dllm_core.sampling import TokenContext
+from dllm_core.engine.slots import ResponseSlots, SlotConfig
+from dllm_core.models.layers import PackedAttention
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
 logger = logging.getLogger(__name__)
-
-WORK_KEPT = 4096  # finished requests whose work stays readable (``ResponseHost.finished_work``)
-
 
 class BatchRequests:
     """The SGLang ``Req``s of the next forward batch (prompt ids, output ids, sampling params, block offset),
@@ -69,38 +65,26 @@ class BatchRequests:
 BATCH = BatchRequests()  # the algorithms' view (any model class)
 
 
+@dataclass
 class Response:
-    """One request's canvas: prompt + response token ids [P + G], the block of the loop in flight (``block``;
-    G // L once decoded), the core's per-request state (``host``: policy counters, work) and, while decoding,
-    its features (``feats``)."""
+    """One request on the core's slots: its prompt ids [P] and ``G`` response positions (the canvas, in
+    ``ResponseSlots.canvas[slot, :G]``), bound to the request slot and its generation; while decoding, its
+    features (``feats``)."""
 
-    def __init__(self, slot: int, gen: int, prompt, output, G: int, L: int, mask_id: int, device,
-                 host: HostRequest, rid: str | None = None, block_steps: int = 0):
-        out = list(output)[:G]  # committed before (a request SGLang retracted and re-admitted)
-        self.slot, self.gen, self.P, self.G, self.L, self.host = slot, gen, len(prompt), G, L, host
-        self.steps_per_block = block_steps or L  # the sampler's steps per block (fixed schedules)
-        self.rid = rid if rid is not None else f"slot{slot}.gen{gen}"  # SGLang's request id
-        self.ids = torch.tensor([*prompt, *out, *[mask_id] * (G - len(out))], dtype=torch.long, device=device)
-        self.block = len(out) // L
-        self.new = True  # the sampler rows begin the block at the next step
-        self.feats: PartStores | None = None  # its features while decoding, per part (prompt, response)
-        host.begin_canvas(self.P)
+    slot: int
+    gen: int
+    rid: str
+    prompt: torch.Tensor
+    G: int
+    feats: PartStores | None = None
+
+    @property
+    def P(self) -> int:
+        return self.prompt.shape[0]
 
     @property
     def end(self) -> int:
         return self.P + self.G
-
-    @property
-    def start(self) -> int:
-        """First position of the block in flight."""
-        return self.P + self.block * self.L
-
-    @property
-    def decoded(self) -> bool:
-        return self.block * self.L >= self.G
-
-    def block_ids(self) -> torch.Tensor:
-        return self.ids[self.start:self.start + self.L]
 
 
 @dataclass
@@ -110,6 +94,7 @@ class RowPlan:
     resp: Response
     plan: HostPlan
     start: int
+    ids: torch.Tensor  # [P + G] its sequence
 
 
 @dataclass
@@ -122,32 +107,30 @@ class ForwardPlan:
 
 
 class ResponseHost:
-    """The embedded engine's loop over the canvases of the requests in flight (algorithm side): sampler rows per
-    request slot (dllm_core ``SlotGroups``), the policy's plan of each step (``HostRequest.plan``) and commits
-    (``denoise_step``). ``prepare`` plans a forward, ``step`` takes it."""
+    """SGLang's side of the core's request lifecycle (``ResponseSlots``: each request's canvas, block, sampler rows,
+    policy state and work, by request slot): ``prepare`` binds the batch's requests and plans their step
+    (``begin`` / ``plan``), ``step`` takes it (``take``) and mirrors the canvas into SGLang's block ids."""
 
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
-        self.policy, self.opts, self.sampler, self.L, self.mask_id = policy, opts, opts.sampler, L, mask_id
+        self.policy, self.opts, self.L, self.mask_id = policy, opts, L, mask_id
         self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
-        self.rows: SlotGroups | None = None
+        self.core: ResponseSlots | None = None
         self.fwd: ResponseForward | None = None
-        self.batch: tuple[list[Response], list[int], list[int]] | None = None  # (responses, offsets, live rows)
-        self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished, by request id
+        self.batch: tuple[list[Response], list[int], np.ndarray] | None = None  # (responses, offsets, live rows)
+
+    @property
+    def finished_work(self) -> dict[str, dict]:
+        return {} if self.core is None else self.core.finished_work
 
     def work(self, rid: str) -> dict[str, int] | None:
         """A request's work in the embedded engine's ``Counters`` units (``forwards``, ``token_layers``,
-        ``full_token_layers``): in flight, or one of the last ``WORK_KEPT`` finished; None if unknown."""
-        for r in self.responses.values():
-            if r.rid == rid and not r.decoded:
-                return r.host.work()
-        return self.finished_work.get(rid)
+        ``full_token_layers``): in flight, or one of the last finished; None if unknown."""
+        return None if self.core is None else self.core.work(rid)
 
     def finish(self, r: Response) -> None:
         """A response decoded: its work kept (by request id) and logged; its features freed."""
-        w = self.finished_work[r.rid] = r.host.work()
-        self.finished_work.move_to_end(r.rid)
-        while len(self.finished_work) > WORK_KEPT:
-            self.finished_work.popitem(last=False)
+        self.core.release(r.slot)
+        w = self.core.finished_work[r.rid]
         logger.debug("dllm-serve %s: request %s decoded: %d forwards, %d token-layers of %d uncached (%.3f)",
                      self.policy.name, r.rid, w["forwards"], w["token_layers"], w["full_token_layers"],
                      w["token_layers"] / max(w["full_token_layers"], 1))
@@ -164,49 +147,38 @@ class ResponseHost:
         reqs = fwd.requests(slots)
         resps = self._bind(model_runner, slots, reqs, fb.input_ids.device)
         offsets = [int(r.dllm_block_offset) for r in reqs]  # SGLang's block: [offset, offset + L)
+        core = self.core
         # SGLang prefills blocks of committed tokens (the prompt; all it committed, after a retraction): no step
-        live = [b for b, (r, q, o) in enumerate(zip(resps, reqs, offsets))
-                if not r.decoded and o + self.L > len(q.origin_input_ids) + len(q.output_ids)]
+        live = np.array([b for b, (r, q, o) in enumerate(zip(resps, reqs, offsets)) if core.config[r.slot] is not None
+                         and o + self.L > len(q.origin_input_ids) + len(q.output_ids)], dtype=np.int64)
         shift = int(model.core_cls.shift_logits)
-        fwd.plan = ForwardPlan(slots, self._plan(resps, live, shift), shift)
+        rows: list[RowPlan | None] = [None] * len(resps)
+        if len(live):
+            ls = np.array([resps[b].slot for b in live.tolist()])
+            P, G = (np.array([getattr(resps[b], k) for b in live.tolist()]) for k in ("P", "G"))
+            core.begin(ls)
+            starts = P + core.block_columns(ls)
+            for b, hp, a in zip(live.tolist(), core.plan(ls, P, G, shift), starts.tolist()):
+                r = resps[b]
+                rows[b] = RowPlan(r, hp, a, self.ids(r))
+                fwd.bind(r)
+        fwd.plan, fwd.core = ForwardPlan(slots, rows, shift), core
         self.batch = (resps, offsets, live)
 
-    def _plan(self, resps: list[Response], live: list[int], shift: int) -> list[RowPlan | None]:
-        """Begin the live rows' new blocks; -> each batch row's plan of this step (None: not live)."""
-        rows: list[RowPlan | None] = [None] * len(resps)
-        for bs, idx, ss, key in self._groups(resps, live):
-            x = torch.stack([resps[b].block_ids() for b in bs])
-            new = [j for j, b in enumerate(bs) if resps[b].new]
-            if new:
-                ss.begin_block(idx[new], x[new] == self.mask_id)
-                for j in new:
-                    resps[bs[j]].new = False
-                    resps[bs[j]].host.begin_block()
-            flo, fhi = plan_step(self.sampler, ss.gather(idx, key), x == self.mask_id).focus
-            for b, lo, hi in zip(bs, flo.tolist(), fhi.tolist()):
-                r = resps[b]
-                rows[b] = RowPlan(r, r.host.plan(r.start, (lo, hi), shift, r.P, r.G), r.start)
-                self.fwd.bind(r)
-        return rows
+    def ids(self, r: Response) -> torch.Tensor:
+        """The request's sequence [P + G]: prompt and canvas."""
+        return torch.cat([r.prompt, self.core.canvas[r.slot, :r.G]])
 
-    def step(self, fb: ForwardBatch, logits: torch.Tensor, tc: TokenContext) -> list[bool]:
+    def step(self, fb: ForwardBatch, logits: torch.Tensor) -> list[bool]:
         """After the forward: one step of the loop for the live rows (logits [B * L, V] of their canvas
         blocks), the canvas mirrored into SGLang's block ids; -> per row whether SGLang's block is decoded."""
         resps, offsets, live = self.batch
-        B, L = fb.batch_size, self.L
-        for bs, idx, ss, key in self._groups(resps, live):
-            st = ss.gather(idx, key)
-            x = torch.stack([resps[b].block_ids() for b in bs])
-            x, after = denoise_step(self.sampler, st, logits.view(B, L, -1)[torch.tensor(bs, device=logits.device)],
-                                    x, tc)
-            ss.scatter(idx, st, key)
-            for j, (b, fin) in enumerate(zip(bs, after.tolist())):
-                r = resps[b]
-                r.ids[r.start:r.start + L] = x[j]
-                if fin:  # the loop's next block
-                    r.block, r.new = r.block + 1, True
-                    if r.decoded:
-                        self.finish(r)
+        if len(live):
+            lg = logits.view(fb.batch_size, self.L, -1)
+            lg = lg if len(live) == fb.batch_size else lg[torch.as_tensor(live, device=lg.device)]
+            done = self.core.take(np.array([resps[b].slot for b in live.tolist()]), lg)
+            for b in live[done].tolist():
+                self.finish(resps[b])
         return self.mirror(fb, resps, offsets)
 
     def mirror(self, fb: ForwardBatch, resps: list[Response], offsets: list[int]) -> list[bool]:
@@ -216,7 +188,7 @@ class ResponseHost:
         span = []
         for b, (r, o) in enumerate(zip(resps, offsets)):
             n = max(0, min(self.L, r.end - o))
-            ids[b, :n] = r.ids[o:o + n]
+            ids[b, :n] = self.ids(r)[o:o + n]
             ids[b, n:] = self.mask_id
             span.append(n)
         inside = torch.arange(self.L, device=ids.device) < torch.tensor(span, device=ids.device)[:, None]
@@ -224,27 +196,37 @@ class ResponseHost:
 
     def _bind(self, model_runner, slots: list[int], reqs: list, device) -> list[Response]:
         """The batch's responses; a slot whose generation moved (a new request) gets a fresh one."""
-        if self.rows is None:
-            self.rows = SlotGroups(self.sampler, self.L, device)
+        if self.core is None:
+            self.core = ResponseSlots(0, 0, self.mask_id, device, seed=self.opts.decode.seed,
+                                      layers=len(model_runner.model.layers))
         gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
         out = []
         for slot, gen, req in zip(slots, gens, reqs):
             r = self.responses.get(slot)
             if r is None or r.gen != gen:
-                if r is not None:
+                if r is not None and self.core.config[slot] is not None:
+                    self.core.release(slot)
                     self.fwd.release(r)
-                plan = self.opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
-                r = self.responses[slot] = Response(slot, gen, req.origin_input_ids, req.output_ids, plan.decoded,
-                                                    self.L, self.mask_id, device, HostRequest(self.policy, 0),
-                                                    getattr(req, "rid", None), plan.steps_per_block)
-                self.rows.states(r.steps_per_block, slot + 1).reset(torch.tensor([slot], device=device))
+                r = self._admit(slot, gen, req, device)
             out.append(r)
         return out
 
-    def _groups(self, resps: list[Response], rows: list[int]):
-        """Batch rows grouped by their steps per block: [(rows, request slots [m], SlotStates, key)]."""
-        return [([rows[i] for i in g], idx, ss, key) for g, idx, ss, key in
-                self.rows.split([resps[b].slot for b in rows], [resps[b].steps_per_block for b in rows])]
+    def _admit(self, slot: int, gen: int, req, device) -> Response:
+        """A new request in ``slot``: its canvas (tokens SGLang committed before - a retracted and re-admitted
+        request - kept, the loop resuming at their block)."""
+        plan = self.opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
+        G, core = plan.decoded, self.core
+        r = self.responses[slot] = Response(slot, gen, getattr(req, "rid", None) or f"slot{slot}.gen{gen}",
+                                            torch.tensor(req.origin_input_ids, dtype=torch.long, device=device), G)
+        core.fit(slot + 1, G)
+        core.admit(slot, SlotConfig.of(self.opts.decode, plan), HostRequest(self.policy, 0), r.rid)
+        s = np.array([slot])
+        core.start(s, r.P, G)
+        out = list(req.output_ids)[:G]
+        if out:
+            core.canvas[slot, :len(out)] = torch.tensor(out, device=device)
+            core.block[s] = len(out) // self.L
+        return r
 
 
 class ResponseForward:
@@ -255,6 +237,7 @@ class ResponseForward:
         self.model = model
         self.reqs = BatchRequests("whole-response cache")
         self.plan: ForwardPlan | None = None
+        self.core: ResponseSlots | None = None  # the planned requests' work is counted there
 
     def expect(self, slots: torch.Tensor, reqs: list) -> None:
         """The next batch's request slots and SGLang ``Req``s, from the plugin's ``ForwardBatch.init_new`` hook."""
@@ -308,13 +291,13 @@ class ResponseForward:
         ends = [r.resp.end for r in rows]
         off = [0, *torch.tensor(ends).cumsum(0).tolist()]
         pos = torch.cat([torch.arange(e, device=dev) for e in ends])  # [N]
-        x = m.embed(torch.cat([r.resp.ids for r in rows]))
+        x = m.embed(torch.cat([r.ids for r in rows]))
         regions = [r.plan.regions(o, r.resp.feats, dev, [r.plan.cover("prompt", 0, r.resp.P),
                                                          r.plan.cover("response", r.resp.P, r.resp.end)])
                    for r, o in zip(rows, off)]
         prompts = [g[0] for g in regions]
         step = CachedStep([g for pair in regions for g in pair])
-        attend = SdpaAttend(off, dev)
+        attend = PackedAttention(off, dev)
         r2t = get_req_to_token_pool().req_to_token
         ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
         tally = torch.zeros(pos.shape[0], dtype=torch.long, device=dev)  # full-layer runs per row (work)
@@ -322,41 +305,14 @@ class ResponseForward:
             att = layer.self_attn
             ops = SimpleNamespace(qkv=lambda h, p, layer=layer: layer.self_attn.qkv(p, layer.attn_norm(h)),
                                   value=lambda h, layer=layer: layer.self_attn.value(layer.attn_norm(h)),
-                                  attend=lambda q, k, v, ridx, att=att: attend(att, q, k, v, ridx), ffn=layer.ffn)
+                                  attend=lambda q, k, v, ridx, att=att: att.o_proj(attend(
+                                      q, k, v, ridx, att.n_heads, att.n_kv, att.attn.scaling))[0], ffn=layer.ffn)
             x = step.layer(ops, x, pos, i, tally=tally)
             if any(bool(g.plan(i)[0].any()) for g in prompts):  # the prompts' K/V moved: into the pool
                 k, v = (torch.cat([g.store.bufs[j][i, 0] for g in prompts]) for j in (0, 1))
                 pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim), v.view(-1, att.n_kv, att.head_dim))
-        rid = torch.repeat_interleave(torch.arange(len(rows), device=dev), torch.tensor(ends, device=dev))
-        work = torch.zeros(len(rows), dtype=torch.long, device=dev).index_add_(0, rid, tally)  # no sync
-        for r, w in zip(rows, work):
-            r.resp.host.count(w, r.resp.end * len(m.layers))
+        slots, core = [r.resp.slot for r in rows], self.core
+        core.token_layers.index_add_(0, torch.tensor(slots, device=dev).repeat_interleave(torch.tensor(ends, device=dev)),
+                                     tally)  # no sync
+        core.count(np.array(slots), np.array(ends) * len(m.layers))
         return x
-
-
-class SdpaAttend:
-    """dllm_core ``LayerOps.attend`` over m requests laid out back to back in the forward's rows
-    (request i: rows [off[i], off[i + 1]), its whole sequence): each recomputed query attends
-    bidirectionally to every position of its own request (torch SDPA)."""
-
-    def __init__(self, off: list[int], device):
-        self.off = torch.tensor(off, device=device)
-        n = self.off.diff()
-        t = torch.arange(int(n.max()), device=device)
-        self.kmask = t < n[:, None]                                    # [m, T]
-        self.kidx = torch.where(self.kmask, self.off[:-1, None] + t, 0)  # [m, T] row of each key
-
-    def __call__(self, att, q, k, v, ridx):
-        D, Hq, Hkv = att.head_dim, att.n_heads, att.n_kv
-        rid = torch.searchsorted(self.off[1:], ridx, right=True)  # request of each query row (ridx ascending)
-        n = torch.bincount(rid, minlength=self.kmask.shape[0])
-        j = torch.arange(int(n.max()), device=q.device)
-        qmask = j < n[:, None]
-        qidx = torch.where(qmask, (n.cumsum(0) - n)[:, None] + j, 0)
-        Q = q.view(-1, Hq, D)[qidx].transpose(1, 2)            # [m, Hq, nq, D]
-        K = k.view(-1, Hkv, D)[self.kidx].transpose(1, 2)      # [m, Hkv, T, D]
-        V = v.view(-1, Hkv, D)[self.kidx].transpose(1, 2)
-        o = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.kmask[:, None, None, :], scale=att.attn.scaling,
-                                           enable_gqa=Hq != Hkv)
-        out, _ = att.o_proj(o.transpose(1, 2)[qmask].reshape(q.shape[0], Hq * D))
-        return out

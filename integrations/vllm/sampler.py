@@ -1,5 +1,5 @@
 """The dllm sampler: vLLM's custom sampler for LLaDA / Dream / LLaDA2, delegating every decision to
-dllm_core's samplers (``Sampler.begin_block`` / ``step``).
+the core's request lifecycle (``dllm_core.engine.slots.ResponseSlots.take``).
 
 Per step, for each request in the batch:
 
@@ -12,8 +12,7 @@ Per step, for each request in the batch:
 * commit   -> the finished canvas is emitted (its K/V were just written into the paged cache);
   a new all-mask canvas follows.
 
-Requests sharing a sampler configuration run one batched dllm_core call; per-request sampler
-state lives in slot-indexed rows (dllm_core's ``SlotStates``).
+Requests sharing a sampler configuration run one batched dllm_core call; the step reads the device once.
 """
 from __future__ import annotations
 
@@ -23,9 +22,6 @@ import numpy as np
 import torch
 
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
-
-from dllm_core.engine.step import denoise_step
-from dllm_core.models import shift_right
 
 from .state import COMMIT, DENOISE, DllmStates
 
@@ -62,7 +58,7 @@ class DllmSampler:
     def __call__(self, logits: torch.Tensor, input_batch, draft_logits=None) -> SamplerOutput:
         st, ib, n = self.states, input_batch, input_batch.num_reqs
         slots = ib.idx_mapping_np[:n]
-        known = np.array([st.policy[s] is not None for s in slots], dtype=bool)  # dummy runs have none
+        known = st.known(slots)
         nlog = np.diff(ib.cu_num_logits_np[:n + 1])
         width = st.canvas_len if ib.num_draft_tokens > 0 else 1
         sampled, num_sampled = self._sampled[:n, :width], self._num_sampled[:n]
@@ -78,7 +74,9 @@ class DllmSampler:
             rows = np.flatnonzero(commit)
             rejected[rows] = nlog[rows] - self._emit(rows, slots, nlog, sampled, num_sampled)
         if denoise.any():
-            self._denoise(np.flatnonzero(denoise), slots, nlog, ib.cu_num_logits_np, logits)
+            rows = np.flatnonzero(denoise)
+            st.phase[slots[rows]] = np.where(self._denoise(rows, slots, nlog, ib.cu_num_logits_np, logits), COMMIT,
+                                             DENOISE)
         if rejected.any():
             num_rejected.copy_(torch.as_tensor(rejected, dtype=torch.int32))
         fresh = slots[prefilled | commit]
@@ -94,47 +92,34 @@ class DllmSampler:
     def _emit(self, rows: np.ndarray, slots, nlog, sampled, num_sampled) -> np.ndarray:
         """Commit step: emit each finished canvas (its first ``nlog`` positions; streaming: its block)."""
         st = self.states
-        n_emit = np.array([st.emit_length(s, v) for s, v in zip(slots[rows], nlog[rows])], dtype=np.int64)
+        n_emit = st.emitted(slots[rows], nlog[rows])
         valid = torch.as_tensor(n_emit, dtype=torch.long, device=st.device)
         keep = torch.arange(st.canvas_len, device=st.device) < valid[:, None]
         r = torch.as_tensor(rows, dtype=torch.long, device=st.device)
-        canvas = st.scheduled(slots[rows])  # [m, L]
-        sampled[r] = torch.where(keep, canvas, 0).to(sampled.dtype)
+        sampled[r] = torch.where(keep, st.scheduled(slots[rows]), 0).to(sampled.dtype)
         num_sampled[r] = valid.to(num_sampled.dtype)
-        for s, v, toks in zip(slots[rows], n_emit, canvas.tolist()):
-            st.tokens[s].extend(toks[:v])  # the prefix a later refresh re-runs
-            st.response_left[s] -= v
         return n_emit
 
-    def _denoise(self, rows: np.ndarray, slots, nlog, cu, logits) -> None:
-        """One dllm_core sampler step per group of requests sharing a configuration."""
-        st = self.states
-        finished = [m[self._step_group(m, slots, nlog, cu, logits)] for m in st.groups(rows, slots)]
-        done = np.concatenate(finished)
-        st.phase[slots[done]] = COMMIT
+    def _denoise(self, rows: np.ndarray, slots, nlog, cu, logits) -> np.ndarray:
+        """The core's step of each request's block (one batched sampler call per configuration, one device
+        read) from its logits rows -> [len(rows)] the canvas is done."""
+        st, core, dev = self.states, self.states.slots, self.states.device
+        sl, valid = slots[rows], nlog[rows]
+        Lb = np.array([core.config[s].block_length for s in sl.tolist()], dtype=np.int64)
+        if (Lb != Lb[0]).any():  # blocks of different lengths: one take each
+            done = np.zeros(len(rows), dtype=bool)
+            for b in np.unique(Lb):
+                done[Lb == b] = self._denoise(rows[Lb == b], slots, nlog, cu, logits)
+            return done
+        shift, off = int(self.model.shift_logits), st.offset[sl]
+        cols = core.block_columns(sl)[:, None] + np.arange(Lb[0]) - shift  # [m, Lb] the column each logit row is of
+        src = torch.as_tensor(cu[rows][:, None] + np.clip(np.minimum(cols - off[:, None], valid[:, None] - 1), 0, None),
+                              dtype=torch.long, device=dev)  # a block-causal prompt tail: never decoded
+        lg = logits[src].float()  # [m, Lb, V]
+        if shift and (cols[:, 0] < 0).any():  # Dream: the first canvas position from the last held row
+            first = np.flatnonzero(cols[:, 0] < 0)
+            lg[first, 0] = self.model.compute_logits(st.last_hidden[self._idx(sl[first])]).float()
+        return core.take(sl, lg, off + valid)
 
-    def _step_group(self, rows: np.ndarray, slots, nlog, cu, logits) -> np.ndarray:
-        """One dllm_core step on each request's current block; returns the rows whose canvas is done."""
-        st, L, dev = self.states, self.states.canvas_len, self.states.device
-        pol = st.policy[slots[rows[0]]]
-        Lb, sl = pol.block_length, slots[rows]
-        idx = torch.as_tensor(sl, dtype=torch.long, device=dev)
-        valid = torch.as_tensor(nlog[rows], dtype=torch.long, device=dev)
-        pos = torch.arange(L, device=dev)
-        off = torch.as_tensor(st.offset[sl], device=dev)[:, None]  # [m, 1] canvas column of the first logit row
-        src = torch.as_tensor(cu[rows], dtype=torch.long, device=dev)[:, None] + torch.clamp(
-            torch.minimum(pos - off, valid[:, None] - 1), min=0)  # a block-causal prompt tail: never decoded
-        lg = logits[src].float()  # [m, L, V]
-        if self.model.shift_logits:  # Dream: position i is predicted by row i - 1
-            lg = shift_right(self.model.compute_logits(st.last_hidden[idx]).float(), lg)
-        x = st.canvas[idx]  # [m, L]
-        x = torch.where(pos < off + valid[:, None], x, st.pad_id)  # a canvas cut at max_model_len
-        win = torch.as_tensor(st.progress.block[sl] * Lb, device=dev)[:, None] + torch.arange(Lb, device=dev)  # [m, Lb]
-        xw, lgw = x.gather(1, win), lg[torch.arange(len(rows), device=dev)[:, None], win]  # [m, Lb], [m, Lb, V]
-        ss = st.sampler_states(pol)  # rows starting a block had begin_block before the forward
-        key = tuple(sl.tolist())  # the batch's rows stay gathered while it is unchanged
-        state = ss.gather(idx, key)
-        xw, done = denoise_step(pol.sampler, state, lgw, xw, st.token_context(pol))
-        ss.scatter(idx, state, key)
-        st.canvas[idx] = x.scatter(1, win, xw)
-        return st.progress.advance(sl, done.cpu().numpy())  # the one host sync of a step
+    def _idx(self, a) -> torch.Tensor:
+        return torch.as_tensor(a, dtype=torch.long, device=self.states.device)

@@ -19,19 +19,16 @@ policy's rows of the canvas are recomputed (the block or span: ``dual``; from it
 from __future__ import annotations
 
 import logging
-from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 import torch
 
-from dllm_core.cache import CachePolicy, CanvasCache, HostPlan, HostRequest, host_cache
+from dllm_core.cache import CanvasCache, HostRequest, host_cache
 from dllm_core.cache.executor import CachedStep, PartStores
 from dllm_core.engine.generate import grid_canvas_width
-from dllm_core.engine.request import DecodeOptions, ResponsePlan
-from dllm_core.engine.step import BlockProgress, SlotStates, plan_step
-from dllm_core.sampling import Sampler, TokenContext
+from dllm_core.engine.slots import ResponseSlots, SlotConfig
 
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.model_states.interface import ModelState
@@ -41,40 +38,6 @@ from .options import SERVED, request_options, request_plan, server_options, stre
 logger = logging.getLogger(__name__)
 
 PREFILL, DENOISE, COMMIT = 0, 1, 2
-WORK_KEPT = 4096  # finished requests whose work counters stay readable (``work_counters``)
-
-
-@dataclass(frozen=True)
-class RequestPolicy:
-    """What one request runs with: dllm_core sampler + cache policy + token context knobs."""
-
-    sampler: Sampler
-    cache: CachePolicy  # as host_cache gives it: a policy that refreshes the prefix, or the block canvas
-    block_length: int  # semi-AR block inside the canvas
-    steps: int  # per block (fixed-schedule samplers): the request's total split over its blocks
-    temperature: float
-    top_p: float | None
-    top_k: int | None
-    logits_eos_inf: bool
-    confidence_eos_eot_inf: bool
-    eot_id: int | None
-    stream: bool  # emit each block when decoded; the next canvas is the rest of the response
-
-    @classmethod
-    def resolve(cls, opts: DecodeOptions, sampling_params, plan: ResponsePlan, cache: CachePolicy,
-                canvas: int) -> "RequestPolicy":
-        top_p = getattr(sampling_params, "top_p", 1.0)
-        top_k = getattr(sampling_params, "top_k", 0)
-        return cls(opts.sampler, cache, plan.block_length, plan.steps_per_block, opts.temperature,
-                   top_p if top_p is not None and top_p < 1.0 else None,
-                   top_k if top_k is not None and top_k > 0 else None,
-                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id, streams(opts, cache, plan, canvas))
-
-    @property
-    def group(self) -> tuple:
-        """Requests sharing this key run one batched sampler call."""
-        return (self.sampler, self.block_length, self.steps, self.temperature, self.top_p, self.top_k,
-                self.logits_eos_inf, self.confidence_eos_eot_inf, self.eot_id)
 
 
 @dataclass
@@ -106,43 +69,35 @@ class StepPlan:
 
 
 class DllmStates:
-    """Per-slot diffusion state shared by the ModelState, the model and the sampler."""
+    """vLLM's side of the core's per-slot lifecycle (``ResponseSlots``: canvas, blocks, sampler rows, policy
+    state, work): the phase of each slot's next canvas step, what it has emitted, Dream's kept hidden row."""
 
-    def __init__(self, vllm_config, args, max_reqs: int, device, block_causal: int = 0):
+    def __init__(self, vllm_config, args, max_reqs: int, device, block_causal: int = 0, feature_shape=(0, 0)):
         self.canvas_len = vllm_config.diffusion_config.canvas_length
         self.block_causal = block_causal  # grid block of a block-causal model (LLaDA2), 0: bidirectional
-        self.max_reqs, self.device, self.args = max_reqs, device, args
-        self.mask_id = args.mask_token_id
-        if self.mask_id is None:
+        self.max_reqs, self.device, self.args, self.feature_shape = max_reqs, device, args, feature_shape
+        if args.mask_token_id is None:
             raise ValueError("config.json: mask_token_id is required to serve a masked diffusion model")
-        self.pad_id = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
+        pad = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
         SERVED["canvas_length"], SERVED["block_causal"] = self.canvas_len, block_causal or None
         self.defaults = SERVED["defaults"] = server_options(vllm_config.additional_config)
-        self.canvas = torch.full((max_reqs, self.canvas_len), self.mask_id, dtype=torch.long, device=device)
+        self.slots = ResponseSlots(max_reqs, self.canvas_len, args.mask_token_id, device, args.eos_token_id, pad,
+                                   self.defaults.seed, feature_shape[0])
         self.phase = np.zeros(max_reqs, dtype=np.int8)
         self.offset = np.zeros(max_reqs, dtype=np.int64)  # canvas column of the first scheduled position
-        self.progress = BlockProgress(max_reqs)  # block of the canvas, denoise steps in it
-        self.policy: list[RequestPolicy | None] = [None] * max_reqs
-        self.tokens: list[list[int]] = [[] for _ in range(max_reqs)]  # prompt + emitted tokens
-        self.response_left = np.zeros(max_reqs, dtype=np.int64)  # max_tokens not emitted yet
-        self.prompt_len = np.zeros(max_reqs, dtype=np.int64)
-        self.host: list[HostRequest | None] = [None] * max_reqs  # the core's per-request state (policy counters)
-        self.slot_states: dict[tuple, SlotStates] = {}
+        self.held = np.zeros(max_reqs, dtype=np.int64)  # prompt + emitted tokens
+        self.response_left = np.zeros(max_reqs, dtype=np.int64)  # positions to decode not emitted yet
+        self.stream = np.zeros(max_reqs, dtype=bool)  # emit each block when decoded
         self.last_hidden = torch.zeros(max_reqs, args.dim, dtype=vllm_config.model_config.dtype, device=device)
-        self.stores: list[PartStores | None] = [None] * max_reqs  # a request's features, per part
-        # work, per slot (the embedded engine's Counters units): rows x layers run through a full layer
-        # (device, summed without sync), forwards and what the vanilla loop would run in the denoise ones
-        self.token_layers = torch.zeros(max_reqs + 1, dtype=torch.long, device=device)  # + 1: padding rows
-        self.forwards = np.zeros(max_reqs, dtype=np.int64)
-        self.full_token_layers = np.zeros(max_reqs, dtype=np.int64)
-        self.req_ids: list[str | None] = [None] * max_reqs
-        self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished requests
-        self.feature_shape = None  # (n_layers, kv_size) set by the ModelState
-        self.generator = torch.Generator(device).manual_seed(self.defaults.seed)
+        self.token_ids: torch.Tensor | None = None  # vLLM's [max_reqs, max_model_len] prompt + output ids
         self.plan: StepPlan | None = None
         self.tp = vllm_config.parallel_config.tensor_parallel_size
 
-    def add(self, slot: int, sampling_params, prompt: list[int], req_id: str | None = None) -> None:
+    @property
+    def token_layers(self) -> torch.Tensor:
+        return self.slots.token_layers
+
+    def add(self, slot: int, sampling_params, prompt_len: int, req_id: str | None = None) -> None:
         opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults)
         plan = request_plan(opts, getattr(sampling_params, "max_tokens", None), self.canvas_len)
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
@@ -150,53 +105,27 @@ class DllmStates:
             logger.warning("dllm: cache %s picks rows per rank: it needs tensor_parallel_size 1; running exact",
                            cache.name)
             cache = CanvasCache()
-        pol = RequestPolicy.resolve(opts, sampling_params, plan, cache, self.canvas_len)
-        self.policy[slot] = pol
-        self.phase[slot] = PREFILL
-        self.tokens[slot] = list(prompt)
-        self.req_ids[slot] = req_id
-        self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
-        self.response_left[slot] = plan.decoded  # positions to decode (whole blocks; vLLM emits max_tokens of them)
-        self.prompt_len[slot] = len(prompt)
-        self.host[slot] = HostRequest(pol.cache, len(prompt), pol.stream, self.device)
-        self.stores[slot] = PartStores(*self.feature_shape, self.args.dim, self.last_hidden)
-        self.sampler_states(pol).reset(torch.tensor([slot], device=self.device))
-
-    def work(self, slot: int) -> dict:
-        """A request's work so far, in the embedded engine's ``Counters`` units."""
-        return {"forwards": int(self.forwards[slot]), "token_layers": int(self.token_layers[slot]),
-                "full_token_layers": int(self.full_token_layers[slot])}
+        top_p, top_k = getattr(sampling_params, "top_p", 1.0), getattr(sampling_params, "top_k", 0)
+        config = SlotConfig.of(opts, plan, top_p if top_p is not None and top_p < 1.0 else None,
+                               top_k if top_k is not None and top_k > 0 else None)
+        self.stream[slot] = stream = streams(opts, cache, plan, self.canvas_len)
+        self.phase[slot], self.held[slot], self.response_left[slot] = PREFILL, prompt_len, plan.decoded
+        self.slots.admit(slot, config, HostRequest(cache, prompt_len, stream, self.device), req_id,
+                         PartStores(*self.feature_shape, self.args.dim, self.last_hidden))
 
     def remove(self, slot: int) -> None:
-        if self.req_ids[slot] is not None and self.policy[slot] is not None:
-            self.finished_work[self.req_ids[slot]] = self.work(slot)
-            while len(self.finished_work) > WORK_KEPT:
-                self.finished_work.popitem(last=False)
-        self.policy[slot] = self.host[slot] = self.stores[slot] = None
+        self.slots.release(slot)
         self.phase[slot] = PREFILL
 
-    def sampler_states(self, pol: RequestPolicy) -> SlotStates:
-        key = (pol.sampler, pol.block_length, pol.steps)
-        if key not in self.slot_states:
-            self.slot_states[key] = SlotStates(pol.sampler, pol.block_length, pol.steps, self.device, self.max_reqs)
-        return self.slot_states[key]
-
-    def groups(self, rows, slots) -> list[np.ndarray]:
-        """``rows`` of a batch grouped by their requests' sampler configuration (one batched step each)."""
-        groups: dict[tuple, list[int]] = {}
-        for r in rows:
-            groups.setdefault(self.policy[slots[r]].group, []).append(r)
-        return [np.array(g) for g in groups.values()]
-
-    def token_context(self, pol: RequestPolicy) -> TokenContext:
-        return TokenContext(self.mask_id, pol.temperature, pol.top_p, pol.top_k, self.args.eos_token_id, pol.eot_id,
-                            pol.logits_eos_inf, pol.confidence_eos_eot_inf, self.generator)
+    def known(self, slots: np.ndarray) -> np.ndarray:
+        """[n] bool: the slots hold a request (dummy runs have none)."""
+        return np.array([self.slots.config[s] is not None for s in slots.tolist()], dtype=bool)
 
     def canvas_width(self, slot: int) -> int:
-        """Width of the slot's next canvas (``DllmScheduler``): the served length cut at max_tokens, or for a
-        block-causal model the rest of the grid block (decoded whole, cut when emitted)."""
+        """Width of the slot's next canvas: the served length cut at the response, or for a block-causal model
+        the rest of the grid block (decoded whole, cut when emitted)."""
         if self.block_causal:
-            return grid_canvas_width(len(self.tokens[slot]), self.block_causal)
+            return grid_canvas_width(int(self.held[slot]), self.block_causal)
         return int(min(self.canvas_len, max(self.response_left[slot], 1)))
 
     def scheduled(self, slots: np.ndarray) -> torch.Tensor:
@@ -204,30 +133,28 @@ class DllmStates:
         canvas holds its grid block's prompt tail in the columns before ``offset``; later columns repeat)."""
         off = torch.as_tensor(self.offset[slots], device=self.device)
         cols = (off[:, None] + torch.arange(self.canvas_len, device=self.device)).clamp(max=self.canvas_len - 1)
-        return self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)].gather(1, cols)
+        return self.slots.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)].gather(1, cols)
 
-    def emit_length(self, slot: int, valid: int) -> int:
-        """Tokens a commit emits: the canvas, or its first block when streaming."""
-        pol = self.policy[slot]
-        return min(pol.block_length, valid) if pol.stream else valid
+    def emitted(self, slots: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Tokens each commit emits (the canvas, or its first block when streaming), counted as held."""
+        Lb = np.array([self.slots.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        n = np.where(self.stream[slots], np.minimum(Lb, valid), valid)
+        self.held[slots] += n
+        self.response_left[slots] -= n
+        return n
 
     def start_canvas(self, slots: np.ndarray) -> None:
-        """A fresh all-mask canvas for ``slots`` (after their prefill or commit): its blocks (one when
-        streaming; a canvas cut at max_tokens has fewer)."""
-        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        self.canvas[idx] = self.mask_id
+        """A fresh all-mask canvas for ``slots`` (after their prefill or commit): one block when streaming, else
+        the blocks of its width (a block-causal canvas: its grid block's prompt tail first, from vLLM's ids)."""
+        width = np.array([self.canvas_width(s) for s in slots.tolist()], dtype=np.int64)
         self.phase[slots] = DENOISE
-        if self.block_causal:  # the grid block's prompt tail before the masks
-            for s in slots:
-                self.offset[s] = tail = self.canvas_len - self.canvas_width(s)
-                if tail:
-                    self.canvas[s, :tail] = torch.tensor(self.tokens[s][-tail:], device=self.device)
-        blocks = [1 if self.policy[s].stream else -(-self.canvas_width(s) // self.policy[s].block_length)
-                  for s in slots]
-        self.progress.start(slots, blocks)
-        for s in slots:
-            self.host[s].begin_canvas(len(self.tokens[s]))
-
+        Lb = np.array([self.slots.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        self.slots.start(slots, self.held[slots], width, np.where(self.stream[slots], 1, -(-width // Lb)))
+        if self.block_causal:
+            self.offset[slots] = tail = self.canvas_len - width
+            for s, t in zip(slots.tolist(), tail.tolist()):
+                if t:
+                    self.slots.canvas[s, :t] = self.token_ids[s, self.held[s] - t:self.held[s]]
 
 
 class DllmModelState(ModelState):
@@ -237,8 +164,8 @@ class DllmModelState(ModelState):
 
     def __init__(self, vllm_config, model, encoder_cache, device) -> None:
         super().__init__(vllm_config, model, encoder_cache, device)
-        self.states = DllmStates(vllm_config, model.args, self.max_num_reqs, device, model.block_causal)
-        self.states.feature_shape = model.feature_shape
+        self.states = DllmStates(vllm_config, model.args, self.max_num_reqs, device, model.block_causal,
+                                 model.feature_shape)
         model.dllm_state = self.states
         self._causal = torch.zeros(self.max_num_reqs, dtype=torch.int32, device=device)
         self._req_slot: dict[str, int] = {}
@@ -249,11 +176,12 @@ class DllmModelState(ModelState):
     def custom_sampler(self, sampler: Any):
         from .sampler import DllmSampler
 
+        self.states.token_ids = sampler.req_states.all_token_ids.gpu
         return DllmSampler(sampler, self.states, self.model), None
 
     def add_request(self, req_index: int, new_req_data) -> None:
         self._req_slot[new_req_data.req_id] = req_index
-        self.states.add(req_index, new_req_data.sampling_params, new_req_data.prompt_token_ids or [],
+        self.states.add(req_index, new_req_data.sampling_params, len(new_req_data.prompt_token_ids or []),
                         new_req_data.req_id)
 
     def remove_request(self, req_id: str) -> None:
@@ -274,25 +202,26 @@ class DllmModelState(ModelState):
     # ---- the step's plan ------------------------------------------------------------------------
     def _plan(self, ib) -> StepPlan:
         st, n = self.states, ib.num_reqs
-        slots = ib.idx_mapping_np[:n]
+        core, slots = st.slots, ib.idx_mapping_np[:n]
         qlen = np.diff(ib.query_start_loc_np[:n + 1])
-        known = np.array([st.policy[s] is not None for s in slots], dtype=bool)  # dummy runs have none
+        known = st.known(slots)
         ndraft = ib.num_draft_tokens_per_req if ib.num_draft_tokens_per_req is not None else np.zeros(n, np.int32)
         is_canvas = known & (ndraft[:n] > 0)
         done_prefill = known & ~is_canvas & (ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n]
                                              >= ib.prefill_len_np[:n])
         denoise, commit = is_canvas & (st.phase[slots] == DENOISE), is_canvas & (st.phase[slots] == COMMIT)
-        self._begin_blocks(slots[denoise], qlen[denoise])
-        pol = [st.policy[s] if k else None for s, k in zip(slots, known)]
-        refresh = np.array([p is not None and p.cache.refreshes_prefix for p in pol], dtype=bool)
+        core.begin(slots[denoise], st.offset[slots[denoise]] + qlen[denoise])
+        hosts = [core.host[s] if k else None for s, k in zip(slots.tolist(), known)]
+        refresh = np.array([h is not None and h.policy.refreshes_prefix for h in hosts], dtype=bool)
         # canvases the policies run cached: whole blocks (a policy that refreshes the prefix: its canvases shrink
         # with max_tokens and streaming), the served width (block canvas); others (cut short) run exact
-        lb = np.array([p.block_length if p is not None else 1 for p in pol])
+        lb = np.array([core.config[s].block_length if k else 1 for s, k in zip(slots.tolist(), known)])
         whole = np.where(refresh, qlen % lb == 0, qlen == st.canvas_len)
         prefix = ib.num_computed_tokens_np[:n]
-        plans = self._host_plans(slots, np.flatnonzero(denoise & whole), prefix, qlen)
+        rows = np.flatnonzero(denoise & whole)
+        plans = dict(zip(rows.tolist(), core.plan(slots[rows], prefix[rows], qlen[rows], int(self.model.shift_logits))))
         for i in np.flatnonzero(commit & whole):  # emitted as is (a refreshing policy's next step refreshes it)
-            if (hp := st.host[slots[i]].commit_plan(int(prefix[i]), int(qlen[i]))) is not None:
+            if (hp := hosts[i].commit_plan(int(prefix[i]), int(qlen[i]))) is not None:
                 plans[i] = hp
         extra = np.zeros(n, dtype=np.int64)
         for i, hp in plans.items():
@@ -310,39 +239,17 @@ class DllmModelState(ModelState):
                 plan.capture_rows = self._rows(start[cap] + np.where(extra[cap] > 0, extra[cap], qlen[cap]) - 1)
                 plan.capture_slots = self._rows(slots[cap])
         regions = [r for i, hp in plans.items()  # position p of request i at row start[i] + p - run_from
-                   for r in hp.regions(int(start[i]) - hp.run_from, st.stores[slots[i]], self.device)]
+                   for r in hp.regions(int(start[i]) - hp.run_from, core.stores[slots[i]], self.device)]
         for i in np.flatnonzero(done_prefill & (qlen == ib.prefill_len_np[:n])):  # a whole prompt prefill
-            if (hp := st.host[slots[i]].prefill_plan(int(qlen[i]))) is not None:
-                regions += hp.regions(int(start[i]), st.stores[slots[i]], self.device)
+            if (hp := hosts[i].prefill_plan(int(qlen[i]))) is not None:
+                regions += hp.regions(int(start[i]), core.stores[slots[i]], self.device)
         if regions:
-            plan.cached = CachedStep(regions, st.generator)
-        self._tally(plan, slots, known, qlen, extra, prefix, denoise)
+            plan.cached = CachedStep(regions, core.generator)
+        # work: each row's slot (the forward sums its full-layer runs into it) and, for denoise steps, what the
+        # vanilla loop would run (the whole sequence in every layer)
+        plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), qlen + extra))
+        core.count(slots[known], np.where(denoise, (prefix + qlen) * core.layers, 0)[known])
         return plan
-
-    def _host_plans(self, slots, rows: np.ndarray, prefix, qlen) -> dict[int, HostPlan]:
-        """The core's plan of each denoise step in ``rows``, from its block's sampler focus (one sampler call
-        and one read per sampler configuration)."""
-        st, shift, plans = self.states, int(self.model.shift_logits), {}
-        for members in st.groups(rows, slots):
-            pol = st.policy[slots[members[0]]]
-            sl, Lb = slots[members], pol.block_length
-            idx = self._rows(sl)
-            cols = self._rows(st.progress.block[sl] * Lb)[:, None] + torch.arange(Lb, device=self.device)
-            blk = st.canvas[idx].gather(1, cols)
-            flo, fhi = plan_step(pol.sampler, st.sampler_states(pol).gather(idx, tuple(sl.tolist())),
-                                 blk == st.mask_id).focus
-            for i, s, b, lo, hi in zip(members, sl, st.progress.block[sl], flo.tolist(), fhi.tolist()):
-                p = int(prefix[i])
-                plans[i] = st.host[s].plan(p + int(b) * Lb, (lo, hi), shift, p, int(qlen[i]))
-        return plans
-
-    def _tally(self, plan: StepPlan, slots, known, qlen, extra, prefix, denoise) -> None:
-        """Work accounting: each row's slot (the forward sums its full-layer runs into the slot) and,
-        for denoise steps, what the vanilla loop would run (the whole sequence in every layer)."""
-        st, rows = self.states, qlen + extra
-        plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), rows))
-        st.forwards[slots[known]] += 1
-        st.full_token_layers[slots[denoise]] += (prefix[denoise] + qlen[denoise]) * st.feature_shape[0]
 
     @staticmethod
     def _block_causal_prefill(ib, start, qlen, prefill) -> list[tuple[int, int]]:
@@ -354,32 +261,17 @@ class DllmModelState(ModelState):
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
 
-    def _begin_blocks(self, slots: np.ndarray, widths: np.ndarray) -> None:
-        """``Sampler.begin_block`` for the requests whose next step starts a block (positions past a
-        canvas cut short are not to be decoded)."""
-        st = self.states
-        for s, w in zip(slots, widths):
-            if not st.progress.new[s]:
-                continue
-            pol, b = st.policy[s], st.progress.block[s]
-            idx, cols = self._rows([s]), torch.arange(b * pol.block_length, (b + 1) * pol.block_length, device=self.device)
-            st.sampler_states(pol).begin_block(idx, (st.canvas[idx][:, cols] == st.mask_id) & (cols < st.offset[s] + w))
-            st.host[s].begin_block()
-        st.progress.new[slots] = False
-
     def _extension(self, ib, slots, qlen, extra) -> Extension:
-        """The batch with each request's extra prefix rows placed before its scheduled rows."""
-        st, n = self.states, len(slots)
+        """The batch with each request's extra prefix rows placed before its scheduled rows (their ids from
+        vLLM's token ids of the request)."""
+        n, done = len(slots), ib.num_computed_tokens_np[:len(slots)]
         qsl = np.concatenate([[0], np.cumsum(extra + qlen)])
         orig = np.concatenate([np.arange(qsl[i] + extra[i], qsl[i + 1]) for i in range(n)])
         who = np.flatnonzero(extra)
         rows = np.concatenate([np.arange(qsl[i], qsl[i] + extra[i]) for i in who])
-        pos = np.concatenate([np.arange(ib.num_computed_tokens_np[i] - extra[i], ib.num_computed_tokens_np[i])
-                              for i in who])
-        ids = np.concatenate([st.tokens[slots[i]][ib.num_computed_tokens_np[i] - extra[i]:ib.num_computed_tokens_np[i]]
-                              for i in who])
-        return Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), self._rows(ids),
-                         self._rows(pos), extra)
+        pos = self._rows(np.concatenate([np.arange(done[i] - extra[i], done[i]) for i in who]))
+        ids = self.states.token_ids[self._rows(np.repeat(slots[who], extra[who])), pos].long()
+        return Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), ids, pos, extra)
 
     # ---- attention metadata ---------------------------------------------------------------------
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
@@ -424,11 +316,11 @@ class DllmWorkerExtension:
     hook) for ``collective_rpc``."""
 
     def dllm_work_counters(self) -> dict[str, dict]:
-        return dict(self.model_runner.model_state.states.finished_work)
+        return dict(self.model_runner.model_state.states.slots.finished_work)
 
 
 def work_counters(llm) -> dict[str, dict]:
-    """The work of the requests an offline ``vllm.LLM`` finished last (up to ``WORK_KEPT``), by request
+    """The work of the requests an offline ``vllm.LLM`` finished last (up to ``dllm_core.engine.slots.WORK_KEPT``), by request
     id: ``forwards``, ``token_layers`` (rows x layers run through a full layer) and
     ``full_token_layers`` (what the vanilla loop runs in the same denoise steps) - the units of the
     embedded engine's ``Counters`` and ``dllm bench``'s work column."""

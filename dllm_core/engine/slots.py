@@ -1,0 +1,256 @@
+"""The request lifecycle of a paged host engine (vLLM, SGLang), written once: every running request's canvas,
+block cursor, sampler rows, policy state (``HostRequest``), features and work, one row per host request slot,
+planned and stepped for the whole batch at once.
+
+    slots = ResponseSlots(n_slots, width, mask_id, device)
+    slots.admit(slot, SlotConfig.of(opts, plan), HostRequest(policy, prompt_len, stream), rid)
+    slots.start(s, prefix, width)                 # a fresh all-mask canvas after ``prefix`` held positions
+    slots.begin(s, valid)                         # rows whose block starts now: ``Sampler.begin_block``
+    plans = slots.plan(s, prefix, width, shift)   # each row's ``HostPlan`` (no device read)
+    ...                                           # the host's forward -> each row's block logits [m, Lb, V]
+    done = slots.take(s, logits, valid)           # the denoise step; one device read -> [m] canvas done
+    slots.release(slot)                           # its work kept by request id
+
+``s`` are host slot indices (numpy [m]). Rows sharing a ``SlotConfig`` step as one sampler batch; a step reads
+the device once (every group's ``done``, and for a sampler that moves its window the next step's ``focus``).
+A block's first step is about the whole block (``Sampler.focus`` after ``begin_block``), so planning needs no
+read. The host keeps the rows of its batch layout (extended rows, pool slots); the core decides the rest.
+"""
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..cache.executor import PartStores
+from ..cache.host import HostPlan, HostRequest
+from ..sampling import Sampler, TokenContext
+from .request import DecodeOptions, ResponsePlan
+from .step import SlotStates, denoise_step, stuck, stuck_error
+
+WORK_KEPT = 4096  # finished requests whose work stays readable (``ResponseSlots.finished_work``)
+
+
+@dataclass(frozen=True)
+class SlotConfig:
+    """What one request's sampler runs with; requests with equal configs step as one batch."""
+
+    sampler: Sampler
+    block_length: int
+    steps: int  # per block (fixed-schedule samplers: the request's total split over its blocks)
+    temperature: float = 0.0
+    top_p: float | None = None
+    top_k: int | None = None
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    eot_id: int | None = None
+
+    @classmethod
+    def of(cls, opts: DecodeOptions, plan: ResponsePlan, top_p: float | None = None,
+           top_k: int | None = None) -> "SlotConfig":
+        """A request's config from its options and response plan (``top_p`` / ``top_k``: a host's own)."""
+        return cls(opts.sampler, plan.block_length, plan.steps_per_block, opts.temperature,
+                   opts.top_p if top_p is None else top_p, opts.top_k if top_k is None else top_k,
+                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id)
+
+
+class ResponseSlots:
+    """Per-slot response state of a paged host (module doc). ``canvas`` [S, W] lives on the device; the block
+    cursor, the sampler's focus and the work counters on the host, read from the device once per step."""
+
+    def __init__(self, n_slots: int, width: int, mask_id: int, device, eos_id: int | None = None,
+                 pad_id: int = 0, seed: int = 0, layers: int = 0):
+        self.mask_id, self.eos_id, self.pad_id, self.device, self.layers = mask_id, eos_id, pad_id, device, layers
+        self.canvas = torch.full((n_slots, width), mask_id, dtype=torch.long, device=device)  # [S, W]
+        self.block = np.zeros(n_slots, dtype=np.int64)      # block of the canvas in flight
+        self.n_blocks = np.ones(n_slots, dtype=np.int64)
+        self.new = np.zeros(n_slots, dtype=bool)            # the block begins at the next step
+        self.focus = np.zeros((n_slots, 2), dtype=np.int64)  # the sampler's window of the next step, in the block
+        self.config: list[SlotConfig | None] = [None] * n_slots
+        self.host: list[HostRequest | None] = [None] * n_slots
+        self.stores: list[PartStores | None] = [None] * n_slots
+        self.rid: list[str | None] = [None] * n_slots
+        self.states: dict[SlotConfig, SlotStates] = {}
+        self.contexts: dict[SlotConfig, TokenContext] = {}
+        self.generator = torch.Generator(device).manual_seed(seed)
+        # work (the embedded engine's ``Counters`` units): rows x layers run through a full layer (device, summed
+        # without a sync; + 1 row: a host's padding rows), forwards taken part in, what the uncached loop runs
+        self.token_layers = torch.zeros(n_slots + 1, dtype=torch.long, device=device)
+        self.forwards = np.zeros(n_slots, dtype=np.int64)
+        self.full_token_layers = np.zeros(n_slots, dtype=np.int64)
+        self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished, by request id
+
+    @property
+    def n_slots(self) -> int:
+        return self.canvas.shape[0]
+
+    def fit(self, n_slots: int, width: int) -> None:
+        """At least ``n_slots`` rows of at least ``width`` columns (a host that learns its sizes late)."""
+        S, W = self.canvas.shape
+        if n_slots <= S and width <= W:
+            return
+        S2, W2, grow = max(S, n_slots), max(W, width), max(n_slots - S, 0)
+        canvas = torch.full((S2, W2), self.mask_id, dtype=torch.long, device=self.device)
+        canvas[:S, :W] = self.canvas
+        self.canvas = canvas
+        if grow:
+            pad = lambda a, v=0: np.concatenate([a, np.full((grow, *a.shape[1:]), v, dtype=a.dtype)])
+            self.block, self.n_blocks, self.new, self.focus = (pad(self.block), pad(self.n_blocks, 1), pad(self.new),
+                                                               pad(self.focus))
+            self.forwards, self.full_token_layers = pad(self.forwards), pad(self.full_token_layers)
+            self.token_layers = torch.cat([self.token_layers[:S], self.token_layers.new_zeros(grow + 1)])
+            for lst in (self.config, self.host, self.stores, self.rid):
+                lst.extend([None] * grow)
+
+    # ---- admission -----------------------------------------------------------------------------------
+    def admit(self, slot: int, config: SlotConfig, host: HostRequest, rid: str | None = None,
+              stores: PartStores | None = None) -> None:
+        """A new request in ``slot``: fresh sampler rows and work counters."""
+        self.config[slot], self.host[slot], self.stores[slot], self.rid[slot] = config, host, stores, rid
+        self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
+        self.sampler_states(config).reset(torch.tensor([slot], device=self.device))
+
+    def release(self, slot: int) -> None:
+        """The request in ``slot`` ended: its work kept by request id (the last ``WORK_KEPT``); state freed."""
+        if self.config[slot] is not None and self.rid[slot] is not None:
+            self.finished_work[self.rid[slot]] = self.slot_work(slot)
+            self.finished_work.move_to_end(self.rid[slot])
+            while len(self.finished_work) > WORK_KEPT:
+                self.finished_work.popitem(last=False)
+        self.config[slot] = self.host[slot] = self.stores[slot] = self.rid[slot] = None
+
+    def slot_work(self, slot: int) -> dict[str, int]:
+        return {"forwards": int(self.forwards[slot]), "token_layers": int(self.token_layers[slot]),
+                "full_token_layers": int(self.full_token_layers[slot])}
+
+    def work(self, rid: str) -> dict[str, int] | None:
+        """A request's work (``forwards``, ``token_layers``, ``full_token_layers``): in flight, or one of the
+        last ``WORK_KEPT`` finished; None if unknown."""
+        if rid in self.rid:
+            return self.slot_work(self.rid.index(rid))
+        return self.finished_work.get(rid)
+
+    def count(self, slots: np.ndarray, full_token_layers: np.ndarray | int = 0) -> None:
+        """One forward taken part in by each of ``slots`` (what the uncached loop runs in it: per slot)."""
+        self.forwards[slots] += 1
+        self.full_token_layers[slots] += full_token_layers
+
+    # ---- the loop ------------------------------------------------------------------------------------
+    def sampler_states(self, c: SlotConfig) -> SlotStates:
+        ss = self.states.get(c)
+        if ss is None:
+            ss = self.states[c] = SlotStates(c.sampler, c.block_length, c.steps, self.device)
+        ss.grow(self.n_slots)
+        return ss
+
+    def token_context(self, c: SlotConfig) -> TokenContext:
+        tc = self.contexts.get(c)
+        if tc is None:
+            tc = self.contexts[c] = TokenContext(self.mask_id, c.temperature, c.top_p, c.top_k, self.eos_id,
+                                                 c.eot_id, c.logits_eos_inf, c.confidence_eos_eot_inf, self.generator)
+        return tc
+
+    def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray, SlotConfig]]:
+        """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config)]."""
+        by: dict[SlotConfig, list[int]] = {}
+        for i, s in enumerate(slots.tolist()):
+            by.setdefault(self.config[s], []).append(i)
+        return [(np.array(i), c) for c, i in by.items()]
+
+    def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray, blocks: np.ndarray | None = None) -> None:
+        """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions:
+        ``blocks`` blocks (default: those covering ``width``)."""
+        self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)] = self.mask_id
+        Lb = np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        self.block[slots], self.new[slots] = 0, True
+        self.n_blocks[slots] = -(-np.asarray(width) // Lb) if blocks is None else blocks
+        for s, p in zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist()):
+            self.host[s].begin_canvas(p)
+
+    def begin(self, slots: np.ndarray, valid: np.ndarray | None = None) -> None:
+        """``Sampler.begin_block`` for the rows of ``slots`` whose block starts at this step (``valid``: the canvas
+        columns that exist; positions past it are not decoded)."""
+        new = slots[self.new[slots]]
+        if not len(new):
+            return
+        v = None if valid is None else np.asarray(valid)[self.new[slots]]
+        for pos, c in self.groups(new):
+            s = new[pos]
+            idx, cols = self._blocks(s, c.block_length)
+            masked = self.canvas[idx[:, None], cols] == self.mask_id  # [k, Lb]
+            if v is not None:
+                masked &= cols < torch.as_tensor(v[pos], device=self.device)[:, None]
+            self.sampler_states(c).begin_block(idx, masked)
+            self.focus[s] = (0, c.block_length)  # a block's first step is about all of it
+            for h in (self.host[x] for x in s.tolist()):
+                h.begin_block()
+        self.new[new] = False
+
+    def plan(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray, shift: int) -> list[HostPlan]:
+        """Each row's ``HostPlan`` of this step (its canvas: positions [prefix, prefix + width) of the sequence),
+        from its block and the sampler's focus; the policies' step counters move on."""
+        Lb = np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        start = np.asarray(prefix) + self.block[slots] * Lb
+        return [self.host[s].plan(a, (lo, hi), shift, p, w) for s, a, (lo, hi), p, w in
+                zip(slots.tolist(), start.tolist(), self.focus[slots].tolist(), np.broadcast_to(prefix, slots.shape)
+                    .tolist(), np.broadcast_to(width, slots.shape).tolist())]
+
+    def block_columns(self, slots: np.ndarray) -> np.ndarray:
+        """The canvas column where each row's block begins: [m]."""
+        return self.block[slots] * np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+
+    def take(self, slots: np.ndarray, logits: torch.Tensor, valid: np.ndarray | None = None) -> np.ndarray:
+        """One denoise step of each row's block: ``logits`` [m, Lb, V] (row i: slot ``slots[i]``'s block);
+        commits written into the canvas; finished blocks move on. -> [m] bool: the row's canvas is decoded.
+        ``valid``: canvas columns that exist (positions past it are padding, never decoded). One device read."""
+        read, parts = [], []
+        for pos, c in self.groups(slots):
+            s = slots[pos]
+            idx, cols = self._blocks(s, c.block_length)
+            x = self.canvas[idx[:, None], cols]  # [k, Lb]
+            if valid is not None:
+                x = torch.where(cols < torch.as_tensor(np.asarray(valid)[pos], device=self.device)[:, None], x,
+                                self.pad_id)
+            ss, key = self.sampler_states(c), tuple(s.tolist())
+            st = ss.gather(idx, key)
+            lg = logits if len(pos) == len(slots) else logits[torch.as_tensor(pos, device=logits.device)]
+            x, done = denoise_step(c.sampler, st, lg, x, self.token_context(c), self._window(s, c), check=False)
+            ss.scatter(idx, st, key)
+            self.canvas[idx[:, None], cols] = x
+            bad = stuck(c.sampler, st, x == self.mask_id)
+            read += [done.long(), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
+                     *(() if bad is None else (bad.long(),))]
+            parts.append((pos, s, c, bad is not None))
+        flat = torch.cat(read).tolist() if read else []  # the step's one device read
+        done_canvas = np.zeros(len(slots), dtype=bool)
+        at = 0
+        for pos, s, c, checked in parts:
+            k = len(pos)
+            done = np.array(flat[at:at + k], dtype=bool)
+            at += k
+            if c.sampler.moves_focus:
+                self.focus[s] = np.stack([flat[at:at + k], flat[at + k:at + 2 * k]], -1)
+                at += 2 * k
+            if checked:
+                if any(flat[at:at + k]):
+                    raise stuck_error(c.sampler, c.block_length)
+                at += k
+            self.block[s[done]] += 1
+            self.new[s] = done
+            done_canvas[pos] = self.block[s] >= self.n_blocks[s]
+        return done_canvas
+
+    def _blocks(self, slots: np.ndarray, L: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(slot index [k], canvas columns of each row's block [k, L])."""
+        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
+        b = torch.as_tensor(self.block[slots] * L, device=self.device)
+        return idx, b[:, None] + torch.arange(L, device=self.device)
+
+    def _window(self, slots: np.ndarray, c: SlotConfig) -> tuple[int, int] | None:
+        """The union of the rows' focus windows (host ints), for a sampler that moves its window."""
+        if not c.sampler.moves_focus:
+            return None
+        f = self.focus[slots]
+        return int(f[:, 0].min()), int(f[:, 1].max())
