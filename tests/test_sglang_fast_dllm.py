@@ -201,10 +201,12 @@ BAD = [("FastDllmThreshold", "cache: triple",
        ("SlowFast", "cache: 'prefix:every=x'", r"SlowFast\.cache prefix\.every: cannot parse 'x' as int"),
        ("FastDllmFactor", "cache: 'prefix:graphs=false'",
         r"FastDllmFactor\.cache: prefix has no option 'graphs'; allowed: \['every'\]"),
-       ("FastDllmFactor", "cache: 'canvas:kr=2'", r"FastDllmFactor\.cache: canvas takes no options"),
+       ("FastDllmFactor", "cache: 'canvas:every=2'",
+        r"FastDllmFactor\.cache: canvas has no option 'every'; allowed: \['first_layer', 'kr', 'metric', 'rho', "
+        r"'seed', 'select'\]"),
        ("FastDllmThreshold", "cache: 2", r"FastDllmThreshold\.cache must be a string, got 2"),
        ("FastDllmThreshold", "cache: dual\ndllm_cache: {kr: 2}",
-        r"FastDllmThreshold: cache: dual and dllm_cache exclude each other")]
+        r"FastDllmThreshold\.dllm_cache: renamed in 0\.2 to FastDllmThreshold\.cache")]
 
 
 @pytest.mark.parametrize("algo,text,message", BAD, ids=[t for _, t, _ in BAD])
@@ -244,19 +246,21 @@ def test_cache_needs_a_dllm_serve_model(tmp_path):
 
 
 def test_request_info_hook():
-    """The ForwardBatch hook hands the model the batch's requests (dLLM blocks only); a forward planned
-    for another batch is refused."""
-    fwd = ResponseForward(None)
+    """The ForwardBatch hook hands the algorithms the batch's requests (dLLM blocks only); a batch it did not see is
+    refused."""
+    from integrations.sglang.response import BATCH
+
     reqs = [SimpleNamespace(origin_input_ids=[1, 2]), SimpleNamespace(origin_input_ids=[3])]
     batch = SimpleNamespace(dllm_config=object(), reqs=reqs)
-    runner = SimpleNamespace(model=SimpleNamespace(response_forward=fwd))
+    runner = SimpleNamespace(model=SimpleNamespace(response_forward=ResponseForward(None)))
 
     def fb(mode):
         return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor([5, 2]))
 
+    BATCH.pending = None
     add_request_info(fb(ForwardMode.EXTEND), None, batch, runner)
-    assert fwd.reqs.pending is None
+    assert BATCH.pending is None
     add_request_info(fb(ForwardMode.DLLM_EXTEND), None, batch, runner)
-    assert fwd.requests([5, 2]) == reqs
+    assert BATCH.requests([5, 2]) == reqs
     with pytest.raises(RuntimeError, match="ForwardBatch.init_new hook must be live"):
-        fwd.requests([2, 5])
+        BATCH.requests([2, 5])

@@ -89,7 +89,7 @@ def test_launch_llada_with_dllm_cache(ckpt, tmp_path, caplog):
     """LLaDA-8B through SGLang's launch resolution: our architecture row (block size from the
     YAML, mask id from config.json, page size aligned to it) and dLLM-Cache turning CUDA graphs
     off loudly; the scheduler-side algorithm is built from the same config."""
-    sa = resolved(ckpt["llada"], "SlowFast", "block_size: 8\nk: 4\ndllm_cache: {kr: 3, rho: 0.25}\n", tmp_path)
+    sa = resolved(ckpt["llada"], "SlowFast", "block_size: 8\nk: 4\ncache: 'canvas:kr=3,rho=0.25'\n", tmp_path)
     assert graphs_off(sa) == [True, True]
     assert "CUDA graphs disabled" in caplog.text
     assert resolving_view(sa).page_size == 8
@@ -129,13 +129,16 @@ BAD = [("SlowFast", "k: 0", r"SlowFast\.k must be >= 1, got 0"),
        ("FastDllmThreshold", "tau: 1.5", r"FastDllmThreshold\.tau must be in \[0\.0, 1\.0\], got 1\.5"),
        ("FastDllmThreshold", "tau: high", r"FastDllmThreshold\.tau must be a number, got 'high'"),
        ("FastDllmFactor", "f: 0", r"FastDllmFactor\.f must be > 0, got 0"),
-       ("FastDllmThreshold", "dllm_cache: {rho: 2}", r"FastDllmThreshold\.dllm_cache\.rho must be in \[0\.0, 1\.0\]"),
-       ("FastDllmThreshold", "dllm_cache: {kp: 50}",
-        r"dllm_cache has no option 'kp'; allowed: \[.*'first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
-       ("FastDllmThreshold", "dllm_cache: {blocks: 2}",  # SGLang's canvas is one block
-        r"dllm_cache has no option 'blocks'; allowed: \[.*'first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
-       ("FastDllmThreshold", "dllm_cache: {select: query}", r"dllm_cache\.select must be one of \['key', 'random', 'value'\]"),
-       ("FastDllmThreshold", "dllm_cache: 7", r"dllm_cache must be a mapping of \[.*'first_layer', 'kr'"),
+       ("FastDllmThreshold", "cache: 'canvas:rho=2'", r"FastDllmThreshold\.cache\.rho must be in \[0\.0, 1\.0\]"),
+       ("FastDllmThreshold", "cache: 'canvas:kp=50'",
+        r"cache: canvas has no option 'kp'; allowed: \['first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
+       ("FastDllmThreshold", "cache: 'canvas:blocks=2'",  # SGLang's canvas is one block
+        r"cache: canvas has no option 'blocks'; allowed: \['first_layer', 'kr', 'metric', 'rho', 'seed', 'select'\]"),
+       ("FastDllmThreshold", "cache: 'canvas:select=query'",
+        r"cache\.select must be one of \['key', 'random', 'value'\]"),
+       ("FastDllmThreshold", "dllm_cache: {kr: 3, rho: 0.25}",  # the spelling before 0.2
+        r"FastDllmThreshold\.dllm_cache: renamed in 0\.2 to FastDllmThreshold\.cache with vLLM's spelling: "
+        r"cache: \"canvas:kr=3,rho=0\.25\""),
        ("DllmCore", "sampler: nope", r"DllmCore\.sampler: --sampler: unknown policy 'nope'; allowed: \[.*'slowfast'"),
        ("DllmCore", "sampler: 'slowfast:k=x'", r"DllmCore\.sampler: .*cannot parse 'x' as int"),
        ("DllmCore", "steps: 0", r"steps must be >= 1, got 0"),
@@ -152,7 +155,7 @@ def test_bad_options_fail_at_launch(ckpt, tmp_path, algo, text, message):
 
 def test_dllm_cache_refusals(ckpt, tmp_path):
     """dLLM-Cache needs one of our model classes and --tp-size 1: refused at launch otherwise."""
-    (tmp_path / "c.yaml").write_text("dllm_cache: {kr: 2}\n")
+    (tmp_path / "c.yaml").write_text("cache: 'canvas:kr=2'\n")
     args = dict(dllm_algorithm="SlowFast", dllm_algorithm_config=str(tmp_path / "c.yaml"))
     with pytest.raises(ValueError, match="needs --tp-size 1"):
         algo_name_to_cls["SlowFast"].configure_server_args(ServerArgs(model_path=ckpt["llada"], tp_size=2, **args))
@@ -161,7 +164,7 @@ def test_dllm_cache_refusals(ckpt, tmp_path):
     (qwen / "config.json").write_text(json.dumps({"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                                                   "hidden_size": 64, "num_attention_heads": 4, "num_hidden_layers": 2,
                                                   "intermediate_size": 128, "vocab_size": 320}))
-    with pytest.raises(ValueError, match=r"dllm_cache needs one of the dllm-serve models "
+    with pytest.raises(ValueError, match=r"SlowFast\.cache: canvas needs one of the dllm-serve models "
                                          r"\['LLaDAModelLM', 'DreamModel'\], got Qwen2ForCausalLM"):
         algo_name_to_cls["SlowFast"].configure_server_args(ServerArgs(model_path=str(qwen), **args))
 

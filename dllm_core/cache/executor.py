@@ -204,6 +204,10 @@ class PartStores:
     def __init__(self, n_layers: int, kv: int, d: int, like: torch.Tensor):
         self.shape, self.like, self.stores = (n_layers, kv, d), like, {}
 
+    def clear(self) -> None:
+        """Drop every part's features (the next step of each part recomputes it)."""
+        self.stores = {}
+
     def get(self, name: str, length: int) -> "FeatureStore | NoFeatures":
         """The part's store; a part with no name keeps nothing (``NoFeatures``)."""
         if not name:
@@ -267,24 +271,6 @@ class CachedStep:
     def __init__(self, regions: Sequence[Region], generator: torch.Generator | None = None):
         self.regions, self.generator = list(regions), generator
 
-    @classmethod
-    def by_policy(cls, rows: torch.Tensor, slots: torch.Tensor, steps: Sequence[int], policies: Sequence,
-                  store: FeatureStore, generator: torch.Generator | None = None) -> "CachedStep":
-        """Canvas regions rows [m, L] (slots [m] of ``store``) grouped by policy: a ``CanvasCache``
-        recomputes by its ``full_layer`` schedule at each request's denoise step in the canvas (host
-        ints; 0 = first step: every layer), V-verify elsewhere."""
-        members: dict = {}
-        for j, p in enumerate(policies):
-            members.setdefault(p, []).append(j)
-        regions = []
-        for pol, js in members.items():
-            idx = torch.tensor(js, device=rows.device)
-            st = [steps[j] for j in js]
-            plan = (lambda layer, pol=pol, st=st, shape=(len(js), rows.shape[1]):
-                    _full_plan([pol.full_layer(c, layer) for c in st], shape, rows.device))
-            regions.append(Region(rows[idx], slots[idx], store, pol, plan))
-        return cls(regions, generator)
-
     def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int,
               tally: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back;
@@ -295,8 +281,3 @@ class CachedStep:
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)
         return out
-
-
-def _full_plan(full: list[bool], shape, device) -> tuple[torch.Tensor, list[bool]]:
-    """Rows fully recomputed where ``full``, V-verified elsewhere: ([m, L], [m])."""
-    return torch.tensor(full, device=device)[:, None].expand(shape), [not f for f in full]

@@ -160,3 +160,48 @@ class HostRequest:
         """The prompt prefill (positions [0, length)): no layer run under a policy that refreshes the prefix (the
         first step recomputes it); None: the host runs it whole."""
         return HostPlan(0, [HostPart("", 0, length)]) if self.policy.refreshes_prefix else None
+
+
+class PackedStep:
+    """The step of a host that runs every position of its requests, laid out back to back in one forward's rows
+    (request i: its whole sequence [0, ends[i]) at rows [off[i], off[i + 1])), through the executor with the parts
+    each request's plan names (``parts``: (name, start, end) per request, ``HostPlan.cover``) and the core's
+    ``PackedAttention``. ``tally`` [N] counts each row's full-layer runs (work, summed without a sync)."""
+
+    def __init__(self, plans: list[HostPlan], ends: list[int], parts: list[list[tuple[str, int, int]]], stores: list,
+                 device):
+        from ..models.layers import PackedAttention
+        from .executor import CachedStep
+
+        self.off = [0, *torch.tensor(ends).cumsum(0).tolist()]
+        self.ends, self.device = ends, device
+        self.pos = torch.cat([torch.arange(e, device=device) for e in ends])  # [N]
+        self.parts = [[p.cover(*n) for n in names] for p, names in zip(plans, parts)]
+        self.regions = [p.regions(o, st, device, parts) for p, o, st, parts in zip(plans, self.off, stores, self.parts)]
+        self.step = CachedStep([r for rs in self.regions for r in rs])
+        self.attention = PackedAttention(self.off, device)
+        self.tally = torch.zeros(self.pos.shape[0], dtype=torch.long, device=device)
+
+    def layer(self, ops, x: torch.Tensor, layer: int) -> torch.Tensor:
+        """One layer over every row: x [N, d] -> [N, d] (``ops.attend`` may call ``attention``)."""
+        return self.step.layer(ops, x, self.pos, layer, tally=self.tally)
+
+    def recomputed(self, part: int, layer: int) -> bool:
+        """Whether ``layer`` recomputes any position of part ``part`` of some request (host ints: no read)."""
+        for parts in self.parts:
+            full, _ = parts[part].schedule(layer) if parts[part].schedule is not None else (False, False)
+            if full or parts[part].always[1] > parts[part].always[0]:
+                return True
+        return False
+
+    def rows(self, starts: list[int], width: int, shift: int = 0) -> torch.Tensor:
+        """The rows whose hidden states predict positions [start, start + width) of each request: [m, width]
+        (``shift`` 1: position p is predicted by row p - 1)."""
+        base = torch.tensor([o + s - shift for o, s in zip(self.off, starts)], device=self.device)
+        return base[:, None] + torch.arange(width, device=self.device)
+
+    def work(self) -> torch.Tensor:
+        """Rows x layers run through a full layer, per request: [m] (no sync)."""
+        rid = torch.repeat_interleave(torch.arange(len(self.ends), device=self.device),
+                                      torch.tensor(self.ends, device=self.device))
+        return torch.zeros(len(self.ends), dtype=torch.long, device=self.device).index_add_(0, rid, self.tally)

@@ -68,6 +68,7 @@ class ResponseSlots:
         self.n_blocks = np.ones(n_slots, dtype=np.int64)
         self.new = np.zeros(n_slots, dtype=bool)            # the block begins at the next step
         self.focus = np.zeros((n_slots, 2), dtype=np.int64)  # the sampler's window of the next step, in the block
+        self.changed = np.zeros(n_slots, dtype=bool)  # the last step changed the block's tokens
         self.config: list[SlotConfig | None] = [None] * n_slots
         self.host: list[HostRequest | None] = [None] * n_slots
         self.stores: list[PartStores | None] = [None] * n_slots
@@ -97,8 +98,8 @@ class ResponseSlots:
         self.canvas = canvas
         if grow:
             pad = lambda a, v=0: np.concatenate([a, np.full((grow, *a.shape[1:]), v, dtype=a.dtype)])
-            self.block, self.n_blocks, self.new, self.focus = (pad(self.block), pad(self.n_blocks, 1), pad(self.new),
-                                                               pad(self.focus))
+            self.block, self.n_blocks, self.new, self.focus, self.changed = (
+                pad(self.block), pad(self.n_blocks, 1), pad(self.new), pad(self.focus), pad(self.changed))
             self.forwards, self.full_token_layers = pad(self.forwards), pad(self.full_token_layers)
             self.token_layers = torch.cat([self.token_layers[:S], self.token_layers.new_zeros(grow + 1)])
             for lst in (self.config, self.host, self.stores, self.rid):
@@ -203,24 +204,25 @@ class ResponseSlots:
 
     def take(self, slots: np.ndarray, logits: torch.Tensor, valid: np.ndarray | None = None) -> np.ndarray:
         """One denoise step of each row's block: ``logits`` [m, Lb, V] (row i: slot ``slots[i]``'s block);
-        commits written into the canvas; finished blocks move on. -> [m] bool: the row's canvas is decoded.
+        commits written into the canvas (``changed``: whether the step changed the block); finished blocks move
+        on. -> [m] bool: the row's canvas is decoded.
         ``valid``: canvas columns that exist (positions past it are padding, never decoded). One device read."""
         read, parts = [], []
         for pos, c in self.groups(slots):
             s = slots[pos]
             idx, cols = self._blocks(s, c.block_length)
-            x = self.canvas[idx[:, None], cols]  # [k, Lb]
+            x0 = self.canvas[idx[:, None], cols]  # [k, Lb]
             if valid is not None:
-                x = torch.where(cols < torch.as_tensor(np.asarray(valid)[pos], device=self.device)[:, None], x,
-                                self.pad_id)
+                x0 = torch.where(cols < torch.as_tensor(np.asarray(valid)[pos], device=self.device)[:, None], x0,
+                                 self.pad_id)
             ss, key = self.sampler_states(c), tuple(s.tolist())
             st = ss.gather(idx, key)
             lg = logits if len(pos) == len(slots) else logits[torch.as_tensor(pos, device=logits.device)]
-            x, done = denoise_step(c.sampler, st, lg, x, self.token_context(c), self._window(s, c), check=False)
+            x, done = denoise_step(c.sampler, st, lg, x0, self.token_context(c), self._window(s, c), check=False)
             ss.scatter(idx, st, key)
             self.canvas[idx[:, None], cols] = x
             bad = stuck(c.sampler, st, x == self.mask_id)
-            read += [done.long(), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
+            read += [done.long() + 2 * (x != x0).any(-1), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
                      *(() if bad is None else (bad.long(),))]
             parts.append((pos, s, c, bad is not None))
         flat = torch.cat(read).tolist() if read else []  # the step's one device read
@@ -228,7 +230,8 @@ class ResponseSlots:
         at = 0
         for pos, s, c, checked in parts:
             k = len(pos)
-            done = np.array(flat[at:at + k], dtype=bool)
+            got = np.array(flat[at:at + k])
+            done, self.changed[s] = got % 2 == 1, got >= 2
             at += k
             if c.sampler.moves_focus:
                 self.focus[s] = np.stack([flat[at:at + k], flat[at + k:at + 2 * k]], -1)

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..sampling import Sampler, TokenContext
@@ -79,14 +78,6 @@ def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tens
     plan = plan_step(sampler, st, x == tc.mask_id, window)
     lo, hi = plan.window
     return take_step(sampler, st, plan, logits[:, lo:hi], x, tc, check)
-
-
-def block_final(done_before: torch.Tensor, x_before: torch.Tensor, x_after: torch.Tensor,
-                done_after: torch.Tensor) -> torch.Tensor:
-    """[B] rows whose block is finished with this step's forward having seen it final (a paged host then
-    keeps that forward's K/V and moves on): done before the step, or finished by a step that changed
-    nothing (token editing ends a block so). x [B, L] before / after the step."""
-    return done_before | (done_after & (x_before == x_after).all(-1))
 
 
 class SlotStates:
@@ -156,33 +147,3 @@ class SlotStates:
         st = self.gather(slots)
         self.sampler.begin_block(st, masked)
         self.scatter(slots, st)
-
-
-class SlotGroups:
-    """A sampler's per-slot rows when requests' blocks take different numbers of steps (a request's total
-    ``steps`` split over its own blocks, fixed-schedule samplers): one ``SlotStates`` per count. ``split``
-    groups a batch's rows by their count; each group steps as one batch."""
-
-    def __init__(self, sampler: Sampler, block_len: int, device):
-        self.sampler, self.L, self.device = sampler, block_len, device
-        self.by_steps: dict[int, SlotStates] = {}
-
-    def states(self, steps: int, slots: int) -> SlotStates:
-        """The rows of requests with ``steps`` per block, at least ``slots`` of them."""
-        ss = self.by_steps.get(steps)
-        if ss is None:
-            ss = self.by_steps[steps] = SlotStates(self.sampler, self.L, steps, self.device)
-        ss.grow(slots)
-        return ss
-
-    def split(self, slots: list[int], steps: list[int]) -> list[tuple[list[int], torch.Tensor, SlotStates, tuple]]:
-        """Batch rows grouped by steps per block -> [(rows, their slots [m], their SlotStates, the slots' key)]."""
-        groups: dict[int, list[int]] = {}
-        for i, s in enumerate(steps):
-            groups.setdefault(s, []).append(i)
-        top = max(slots) + 1 if slots else 0
-        out = []
-        for s, rows in groups.items():
-            key = tuple(slots[i] for i in rows)
-            out.append((rows, torch.tensor(key, device=self.device), self.states(s, top), key))
-        return out

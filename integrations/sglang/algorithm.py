@@ -1,38 +1,30 @@
 """dllm_core samplers as SGLang dLLM algorithms (``--dllm-algorithm SlowFast`` ...).
 
-SGLang calls ``step(forward_batch, full_logits, states)`` after every forward of a block:
-``input_ids`` [B * block] holds each request's block (prompt tail + masks + committed tokens),
-``full_logits`` [B * block, V] its logits. The adapter views them as [B, block] and runs the
-core's step (``dllm_core.engine.step.denoise_step``: the loop body of every engine), writes the
-commits back into ``input_ids`` in place and reports per row whether the block is finished with this
-forward having seen it final (``block_final``: done before the step, or - token editing - finished by a
-step that changed nothing; SGLang's contract: the forward after the last change persists the block's K/V).
-
-With Fast-dLLM's ``cache: prefix`` / ``dual`` or dLLM-Cache's ``cache: dllm`` the algorithm instead runs the
-embedded engine's loop over each request's whole response (``response.ResponseHost``): SGLang's block is a
-window onto it.
-
-Per-request sampler state (dllm_core's dict of [B, ...] tensors) lives in the core's ``SlotStates``,
-one row per SGLang request slot (``req_pool_indices``): batches change between rounds
-(``--dllm-fdfo``, the default), so a step gathers its rows and writes them back. SGLang keeps a
-``RowState`` per request (dLLM-Cache step counter, flags) across rounds.
+SGLang calls ``prepare_inputs`` before and ``step(forward_batch, full_logits, states)`` after every forward of a
+block (``input_ids`` [B * block], ``full_logits`` [B * block, V]). The algorithm hands both to a host on the core's
+request lifecycle (``ResponseSlots``): ``BlockHost`` (SGLang's block canvas: each block a canvas of one block;
+commits written into ``input_ids`` in place; a row is reported done once a forward has seen its block final,
+SGLang's contract for persisting its K/V) or ``response.ResponseHost`` (a policy over the whole response).
 """
 from __future__ import annotations
 
 import logging
 from typing import Any, ClassVar, List
 
+import numpy as np
 import torch
 
-from dllm_core.engine.step import SlotGroups, block_final, denoise_step, mask_in_prompt
+from dllm_core.cache import HostRequest
+from dllm_core.cache.executor import CachedStep, PartStores
+from dllm_core.engine.slots import SlotConfig
+from dllm_core.engine.step import mask_in_prompt
 from dllm_core.options import OptionError
-from dllm_core.sampling import TokenContext
 
 from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
-from .response import BATCH, ResponseHost
-from .options import CACHE_KEY, AlgorithmOptions, read_yaml, with_default_cache
+from .response import ResponseHost, SlotsHost
+from .options import AlgorithmOptions, read_yaml, with_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -71,16 +63,13 @@ class DllmServeConfig(DllmConfig):
 
 
 class RowState:
-    """One request's block in flight: its dLLM-Cache step counter and flags (its sampler rows live in
-    the algorithm's ``SlotStates``, at the request's slot)."""
+    """One request's SGLang block in flight: whether its canvas starts at the next forward (``fresh``) and whether
+    it is decoded, so that forward persists it (``final``); the rest is the core's (``ResponseSlots``)."""
 
-    __slots__ = ("step", "final", "fresh", "steps")
+    __slots__ = ("fresh", "final")
 
     def __init__(self):
-        self.step = 0        # denoise forwards of this block so far (dLLM-Cache schedule)
-        self.final = False   # the block has no masks left: the next forward persists it (exact)
-        self.fresh = True    # the sampler rows are reset at the block's first step
-        self.steps = 0       # the request's steps per block (set at the block's first step)
+        self.fresh, self.final = True, False
 
 
 class DllmCoreAlgorithm(DllmAlgorithm):
@@ -107,133 +96,112 @@ class DllmCoreAlgorithm(DllmAlgorithm):
             opts = cls.options(with_default_cache(read_yaml(path), arch in ARCHS))
         except ValueError as e:
             raise ValueError(f"--dllm-algorithm-config {path}: {e}") from None
-        if opts.caching or opts.policy is not None:
-            key = "dllm_cache" if opts.caching else f"cache: {opts.policy.name}"
-            if arch not in ARCHS:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{key} needs one of the "
-                                 f"dllm-serve models {list(ARCHS)}, got {arch}")
+        pol = opts.policy or (opts.cache if opts.caching else None)  # a cache with data-dependent rows
+        if pol is None:
+            return
+        where = f"--dllm-algorithm-config {path}: {cls.__name__}.cache: {pol.name}"
+        if arch not in ARCHS:
+            raise ValueError(f"{where} needs one of the dllm-serve models {list(ARCHS)}, got {arch}")
+        if pol.picks and cfg.tp_size > 1:
+            raise ValueError(f"{where} needs --tp-size 1 (its V-verify selection is per rank), got --tp-size "
+                             f"{cfg.tp_size}")
+        kind = "dLLM-Cache" if pol.picks else "Fast-dLLM"
+        disable_cuda_graphs(server_args, f"{cls.__name__}: cache {pol.name} ({kind}) runs data-dependent rows")
         if opts.policy is not None:
-            name = opts.policy.name
-            kind = "dLLM-Cache" if opts.policy.picks else "Fast-dLLM"
-            if opts.policy.picks and cfg.tp_size > 1:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.cache: {name} needs --tp-size 1 "
-                                 f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
-            disable_cuda_graphs(server_args, f"{cls.__name__}: cache {name} ({kind}) runs data-dependent rows")
-            disable_radix_cache(server_args, f"{cls.__name__}: cache {name} ({kind}) rewrites each request's "
+            disable_radix_cache(server_args, f"{cls.__name__}: cache {pol.name} ({kind}) rewrites each request's "
                                              f"prefix K/V in place")
-        if opts.caching:
-            if cfg.tp_size > 1:
-                raise ValueError(f"--dllm-algorithm-config {path}: {cls.__name__}.{CACHE_KEY} needs --tp-size 1 "
-                                 f"(its V-verify selection is per rank), got --tp-size {cfg.tp_size}")
-            disable_cuda_graphs(server_args, f"{cls.__name__}: dllm_cache (dLLM-Cache) has data-dependent shapes")
 
     def __init__(self, config: DllmConfig):
         super().__init__(config)
         self.opts = self.options(config.algorithm_config or {})
         self.sampler = self.opts.sampler
         self.steps = self.opts.decode.steps or self.block_size  # the most steps a block can take
-        self._tc: TokenContext | None = None
-        self.rows: SlotGroups | None = None  # per-request sampler rows, by request slot and steps per block
-        self.whole = None if self.opts.policy is None else ResponseHost(
-            self.opts.policy, self.opts, self.block_size, self.mask_id)
-
-    def block_steps(self, reqs) -> list[int]:
-        """Each request's denoising steps per block: its ``steps`` split over its response's blocks
-        (``max_new_tokens`` in whole blocks; dllm_core's response rule)."""
-        if self.opts.decode.steps is None or not self.sampler.fixed_steps:
-            return [self.block_size] * len(reqs)
-        return [self.opts.response(r.sampling_params.max_new_tokens, self.block_size).steps_per_block for r in reqs]
+        whole = self.opts.policy is not None
+        self.host = (ResponseHost if whole else BlockHost)(self.opts.policy or self.opts.cache, self.opts,
+                                                            self.block_size, self.mask_id)
+        self.whole = self.host if whole else None
 
     def max_steps(self, block_size: int) -> int:
         """Forwards per block in the synchronous loop: the sampler's most steps + the forward
         that persists the block (Fast-dLLM: a block of SGLang's may span two of the canvas)."""
         return self.sampler.max_steps(block_size, self.steps) * (2 if self.whole else 1) + 1
 
-    def token_context(self, device) -> TokenContext:
-        if self._tc is None:
-            o = self.opts.decode
-            gen = torch.Generator(device).manual_seed(o.seed)
-            self._tc = TokenContext(self.mask_id, o.temperature, o.top_p, o.top_k, generator=gen)
-        return self._tc
-
-    def masked(self, forward_batch) -> torch.Tensor:
-        """[B, block] positions still to denoise (prompt tokens excluded, literal masks too)."""
-        ids = forward_batch.input_ids.view(forward_batch.batch_size, self.block_size)
-        m = ids == self.mask_id
-        pm = forward_batch.dllm_prompt_mask
-        return m if pm is None else m & ~pm
-
     def init_step_state(self, forward_batch) -> List[Any]:
         return [RowState() for _ in range(forward_batch.batch_size)]
 
-    def sampler_rows(self, forward_batch, states: List[Any], masked: torch.Tensor) -> list:
-        """The batch's rows grouped by steps per block: [(rows, their request slots, their SlotStates, key)]
-        (fresh blocks get new sampler rows)."""
-        slots = forward_batch.req_pool_indices.tolist()
-        if self.rows is None:
-            self.rows = SlotGroups(self.sampler, self.block_size, masked.device)
-        fresh = [i for i, s in enumerate(states) if s.fresh]
-        if fresh:
-            need = self.opts.decode.steps is not None and self.sampler.fixed_steps
-            reqs = BATCH.requests(slots) if need else [None] * len(slots)
-            for i, n in zip(fresh, self.block_steps([reqs[i] for i in fresh])):
-                states[i].steps, states[i].fresh = n, False
-        groups = self.rows.split(slots, [s.steps for s in states])
-        for rows, idx, ss, _ in groups:
-            new = [j for j, i in enumerate(rows) if i in fresh]
-            if new:
-                ss.reset(idx[new], masked[[rows[j] for j in new]])
-        return groups
-
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
-        """dLLM-Cache: hand the model its cache policy and each row's denoise step
-        (``dllm_input_preparation_state``, CPU int64 [B]; -1 = persisting forward, exact).
-        Fast-dLLM: plan the step of each request's canvas (``ResponseHost.prepare``)."""
-        if self.whole is not None:
-            return self.whole.prepare(model_runner, forward_batch)
-        if not self.opts.caching:
-            return
-        fc = getattr(model_runner.model, "feature_cache", None)
-        if fc is None:
-            raise ValueError(f"{type(self).__name__}.{CACHE_KEY} needs a dllm-serve model class (LLaDAModelLM, "
-                             f"DreamModel), got {type(model_runner.model).__name__}")
-        fc.configure(self.opts.cache)
-        forward_batch.dllm_input_preparation_state = torch.tensor([-1 if s.final else s.step for s in states])
-        for s in states:
-            s.step += not s.final
+        self.host.prepare(model_runner, forward_batch, states)
 
     def step(self, forward_batch, full_logits: torch.Tensor, states: List[Any]) -> List[bool]:
-        """One sampler step on input_ids [B * L] with full_logits [B * L, V]: commits written into
-        input_ids in place; returns per row whether its block had no masks *before* the step.
-        Fast-dLLM: one step of each request's canvas; per row whether SGLang's block is decoded."""
-        if self.whole is not None:
-            return self.whole.step(forward_batch, full_logits)
-        B, L = forward_batch.batch_size, self.block_size
-        ids = forward_batch.input_ids.view(B, L)
-        masked = self.masked(forward_batch)
-        if all(s.fresh for s in states) and not bool(masked.any()):  # prompt blocks: nothing to decode
+        return self.host.step(forward_batch, full_logits, states)
+
+
+class BlockHost(SlotsHost):
+    """SGLang's block canvas on the core's slots: each SGLang block is a canvas of one block of the request's slot
+    (its sampler rows and policy state kept across blocks and rounds; dLLM-Cache over the block: its features)."""
+
+    prompt_only = False  # the batch's blocks hold no mask: nothing to decode
+
+    @property
+    def needs_requests(self) -> bool:  # a request's steps per block follow from its max_new_tokens
+        return self.opts.decode.steps is not None and self.opts.sampler.fixed_steps
+
+    def admit(self, slot: int, gen: int, req, model, device) -> None:
+        plan = self.opts.response(req.sampling_params.max_new_tokens if self.needs_requests else self.L, self.L)
+        stores = None if not self.opts.caching else PartStores(
+            len(model.layers), model.layers[0].self_attn.kv_size, model.args.dim, model.embed.weight)
+        self.core.admit(slot, SlotConfig.of(self.opts.decode, plan), HostRequest(self.policy, 0), stores=stores)
+
+    def prepare(self, model_runner, fb, states: List[RowState]) -> None:
+        """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
+        [MASK] ids excluded), their blocks begun and - dLLM-Cache over the block - the core's plan of the step
+        handed to the model (``block_step``; a persisting forward: exact)."""
+        self.bind(model_runner, fb)
+        L, core, dev = self.L, self.core, fb.input_ids.device
+        slots = np.array(fb.req_pool_indices.tolist())
+        fresh = np.array([s.fresh for s in states])
+        if fresh.any():
+            f = torch.as_tensor(fresh, device=dev)
+            ids, pm = fb.input_ids.view(fb.batch_size, L)[f], fb.dllm_prompt_mask
+            core.start(slots[fresh], 0, L)
+            core.canvas[torch.as_tensor(slots[fresh], device=dev), :L] = ids if pm is None else torch.where(
+                pm[f] & (ids == self.mask_id), -1, ids)  # literal [MASK] ids inside the prompt: not to decode
+            for s in np.asarray(states)[fresh]:
+                s.fresh = False
+            self.prompt_only = bool(fresh.all()) and not bool((ids == self.mask_id).any())
+        live = np.flatnonzero([not s.final for s in states])
+        core.begin(slots[live])
+        if self.opts.caching:
+            if model_runner.model.quant_config is not None:
+                raise ValueError(f"cache: {self.policy.name} (dLLM-Cache): the V-verify projection needs unquantized "
+                                 f"weights (drop --quantization)")
+            plans = core.plan(slots[live], 0, L, 0)
+            regions = [r for i, hp in zip(live.tolist(), plans) for r in hp.regions(i * L, core.stores[slots[i]], dev)]
+            model_runner.model.block_step = CachedStep(regions) if regions else None
+
+    def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:
+        """One step of each request's block (full_logits [B * L, V]): commits written into input_ids in place;
+        per row whether the block is finished with this forward having seen it final (decoded before the step,
+        or finished by a step that changed nothing)."""
+        B, L, core = fb.batch_size, self.L, self.core
+        if self.prompt_only:  # prompt blocks: nothing to decode
             return [True] * B
-        logits = full_logits.view(B, L, -1)
-        pm = forward_batch.dllm_prompt_mask  # literal [MASK] ids inside the prompt are not to decode
-        x = ids if pm is None else torch.where(masked | (ids != self.mask_id), ids, -1)
-        before, tc = ids.clone(), self.token_context(ids.device)
-        done, after = (torch.zeros(B, dtype=torch.bool, device=ids.device) for _ in range(2))
-        for rows, slots, ss, key in self.sampler_rows(forward_batch, states, masked):
-            r = slice(None) if len(rows) == B else torch.tensor(rows, device=ids.device)  # one group: no copies
-            st = ss.gather(slots, key)
-            done[r] = d = self.sampler.rows_done(st, masked[r])
-            if bool(d.all()):
-                after[r] = True
-                continue
-            xr, after[r] = denoise_step(self.sampler, st, logits[r], x[r], tc)
-            ss.scatter(slots, st, key)
-            ids[r] = torch.where(xr == -1, ids[r], xr)  # in place: forward_batch.input_ids
-        if bool(done.all()):
-            return done.tolist()
-        if self.opts.caching:  # rows whose block is done: their next forward persists it
-            for s, final in zip(states, after.tolist()):
-                s.final = final
-        return block_final(done, before, ids, after).tolist()
+        final = np.array([s.final for s in states])
+        live = np.flatnonzero(~final)
+        if len(live):
+            slots = np.array(fb.req_pool_indices.tolist())[live]
+            logits = full_logits.view(B, L, -1)
+            done = core.take(slots, logits if len(live) == B else logits[torch.as_tensor(live, device=logits.device)])
+            final[live] = done & ~core.changed[slots]  # ... else its next forward persists it
+            for i, s, d in zip(live.tolist(), slots.tolist(), done.tolist()):
+                states[i].final = d
+                if d and core.stores[s] is not None:  # its next forward persists the block (exact)
+                    core.stores[s].clear()
+            r = torch.as_tensor(live, device=full_logits.device)
+            ids = fb.input_ids.view(B, L)
+            x = core.canvas[torch.as_tensor(slots, device=ids.device), :L]
+            ids[r] = torch.where(x == -1, ids[r], x)  # in place: forward_batch.input_ids
+        return final.tolist()
 
 
 def disable_cuda_graphs(server_args, why: str) -> None:

@@ -1,22 +1,9 @@
-"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models.
-
-Written in SGLang's layer vocabulary: tensor-parallel linears, ``get_rope``, ``RMSNorm``,
-``RadixAttention`` with ``ENCODER_ONLY`` attention (the block's queries attend to the paged
-prefix K/V and to the whole block, bidirectionally) and a ``LogitsProcessor`` returning full
-logits. The architecture hyper-parameters and the checkpoint key names come from dllm_core
-(``parse_config``, ``hf_keys``): one source of truth with the reference engine.
-
-Serving semantics (SGLang's block decoding): a request runs one ``block_size`` block at a time;
-committed blocks are frozen in the paged KV cache. Two dllm_core features are layered on the
-plain forward:
-
-* dLLM-Cache (``feature_cache.py``) when the algorithm enables it: the block's per-layer
-  features are cached and only the positions whose V moved most are recomputed;
-* Dream's shifted logits (``prefix_row.py``): block position 0 is predicted from the final
-  hidden state of the last prefix position, which the block forward does not compute.
-
-With Fast-dLLM's ``prefix`` / ``dual`` cache (``response.py``) the forward instead runs the rows the
-algorithm planned over the request's whole canvas (the embedded engine's semantics).
+"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models, in SGLang's layer vocabulary
+(tensor-parallel linears, ``get_rope``, ``RMSNorm``, ``RadixAttention`` ``ENCODER_ONLY``: the block attends to the
+paged prefix and to itself bidirectionally; full logits); sizes and checkpoint key names from dllm_core. On SGLang's
+block canvas a forward may run the core's plan of the step (``block_step``: dLLM-Cache over the block) and Dream's
+block position 0 is predicted from the last prefix position (``prefix_row.py``); a policy over the whole response
+runs the planned rows instead (``response.ResponseForward``).
 """
 from __future__ import annotations
 
@@ -43,7 +30,6 @@ from sglang.srt.utils import add_prefix
 
 from .configs import hf_dict
 from .response import ResponseForward
-from .feature_cache import FeatureCache
 from .prefix_row import PrefixRows
 
 
@@ -161,7 +147,7 @@ class DiffusionLMForSGLang(nn.Module):
         self.norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.lm_head = ParallelLMHead(a.vocab_size, a.dim, quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(config, return_full_logits=True)
-        self.feature_cache = FeatureCache(self)
+        self.block_step = None  # dLLM-Cache over the block: the next forward's CachedStep (set by the algorithm)
         self.response_forward = ResponseForward(self)
         self.prefix_rows = PrefixRows(self) if self.core_cls.shift_logits else None
 
@@ -179,10 +165,10 @@ class DiffusionLMForSGLang(nn.Module):
     def hidden(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
         """Final-layer hidden states (before the final norm) of the block tokens: [N, d]."""
         h = self.embed(input_ids) if input_embeds is None else input_embeds
-        if self.feature_cache.active(forward_batch):
-            return self.feature_cache.run(h, positions, forward_batch)
-        for layer in self.layers:
-            h = layer(positions, h, forward_batch)
+        step, self.block_step = self.block_step, None
+        for i, layer in enumerate(self.layers):
+            h = layer(positions, h, forward_batch) if step is None else step.layer(layer.ops(forward_batch), h,
+                                                                                  positions, i)
         return h
 
     @torch.no_grad()

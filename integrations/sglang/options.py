@@ -1,25 +1,9 @@
-"""``--dllm-algorithm-config`` YAML -> validated dllm_core objects.
-
-One YAML mapping per launch. Keys:
-
-* the sampler's own options, under dllm_core's names (SlowFast: ``min_conf, high, k, w_hist,
-  var, k_fast, stat, fallback, slow_commit_high``; FastDllmThreshold: ``tau``; FastDllmFactor:
-  ``f``; every sampler: ``confidence``) - or, for the generic ``DllmCore`` algorithm, ``sampler``:
-  a dllm_core spec (``"low_confidence"``, ``"slowfast:k=6,high=0.9"``) plus ``steps`` (the total
-  denoising steps over a response, as ``dllm generate --steps``, split over its blocks by fixed-schedule
-  samplers; default one per position);
-* ``temperature``, ``top_p``, ``top_k``, ``seed``: proposal sampling (default greedy);
-* ``dllm_cache``: a mapping of dllm_core ``CanvasCache`` options (``kr, rho, select, metric,
-  first_layer, seed``) - response-side dLLM-Cache over the current block (``kr > 1`` enables it);
-* ``cache``: the cache policy, a dllm_core spec: ``canvas`` (= ``none``: SGLang's block canvas; the default of
-  models that are not ours, e.g. LLaDA2, for which it is exact; ours default to ``dual``, ``DEFAULT_POLICY``), Fast-dLLM's ``prefix`` / ``dual`` (``dual:every=2``: also refresh every 2 steps) or dLLM-Cache
-  ``dllm`` (``dllm:kp=4,kr=2,rho=0.25``: every ``DLLMCache`` option) with the embedded engine's semantics
-  over the whole response (``response.py``; any dllm_core policy that refreshes the prefix, by name or
-  ``module.Class``); exclusive with ``dllm_cache``;
-* ``block_size``: read by SGLang itself (``DllmConfig``).
-
-Every value is validated by constructing the dllm_core object, so a bad option fails at launch
-(``configure_server_args``) with the option's name and its allowed values.
+"""``--dllm-algorithm-config`` YAML -> validated dllm_core objects (``AlgorithmOptions``); the keys are listed in
+``integrations/sglang/README.md``: the sampler's own options (or ``sampler`` / ``steps`` for ``DllmCore``),
+``temperature, top_p, top_k, seed``, ``cache`` (a dllm_core spec in vLLM's vocabulary: ``canvas[:kr=..]`` over
+SGLang's block, a policy that refreshes the prefix over the whole response) and ``block_size`` (SGLang's own).
+Every value is validated by constructing the dllm_core object, so a bad option fails at launch with its name and
+allowed values.
 """
 from __future__ import annotations
 
@@ -35,47 +19,43 @@ from dllm_core.sampling import SAMPLERS, Sampler
 
 DECODING = ("temperature", "top_p", "top_k", "seed")
 HOST_KEYS = {"block_size"}  # SGLang's own DllmConfig reads these
-CACHE_KEY = "dllm_cache"
 POLICY_KEY = "cache"
-BLOCK_CANVAS = ("canvas", "none")  # SGLang's own block-canvas semantics (dLLM-Cache over it: ``dllm_cache``)
+RENAMED = "dllm_cache"  # before 0.2: dLLM-Cache over the block as a mapping
+BLOCK_CANVAS = ("canvas", "none")  # SGLang's own block-canvas semantics
 NOT_IN_SGLANG = ("graphs", "blocks")  # reference-engine knobs with no meaning inside SGLang (its canvas is one block)
 
 
-def parse_policy(algo: str, value) -> CachePolicy | None:
+def parse_policy(algo: str, value) -> CachePolicy:
     """``cache: <spec>`` -> a policy over the request's whole response (one that refreshes the prefix: Fast-dLLM's,
-    dLLM-Cache's, or ``module.Class``; None: SGLang's block canvas), by dllm_core's spec parser; errors name
-    ``<algo>.cache`` and the allowed values."""
+    dLLM-Cache's, or ``module.Class``) or SGLang's block canvas (a ``CanvasCache``: ``canvas`` / ``none``, with
+    dLLM-Cache's options), by dllm_core's spec parser; errors name ``<algo>.cache`` and the allowed values."""
     where = f"{algo}.{POLICY_KEY}"
     spec = check_value(value, "str", where)
     name, _, rest = (s.strip() for s in spec.partition(":"))
-    whole = {n: c for n, c in registry(spec, where).items() if c.refreshes_prefix}
-    allowed = sorted([*BLOCK_CANVAS, *whole])
-    if name in BLOCK_CANVAS and not rest:
-        return None
-    if name in BLOCK_CANVAS:
-        raise ValueError(f"{where}: {name} takes no options (dLLM-Cache over SGLang's block: {CACHE_KEY}: "
-                         f"{{kr: .., rho: ..}}), got {spec!r}")
-    if name not in whole:
-        raise ValueError(f"{where}: unknown policy {name!r}; allowed: {allowed}")
+    found = {n: c for n, c in registry(spec, where).items() if c.refreshes_prefix or n in BLOCK_CANVAS}
+    if name not in found:
+        raise ValueError(f"{where}: unknown policy {name!r}; allowed: {sorted(found)}")
+    cls = CanvasCache if name in BLOCK_CANVAS else found[name]
     keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
-    known = sorted(options_of(whole[name], NOT_IN_SGLANG))
+    known = sorted(options_of(cls, NOT_IN_SGLANG))
     extra = sorted(set(keys) - set(known))
     if extra:
         raise ValueError(f"{where}: {name} has no option {extra[0]!r}; allowed: {known}")
     try:
-        return parse_spec(spec, whole, where)
+        pol = parse_spec(spec, found, where)
     except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
         raise ValueError(e.under(where)) from None
+    return pol if pol.refreshes_prefix else CanvasCache.from_spec(pol, where)
 
 
-DEFAULT_POLICY = "dual"  # no `cache` / `dllm_cache` on our model classes: the whole response, Fast-dLLM's dual
+DEFAULT_POLICY = "dual"  # no `cache` on our model classes: the whole response, Fast-dLLM's dual
 
 
 def with_default_cache(cfg: dict, whole_response: bool) -> dict:
     """The YAML with the default cache policy of a model that serves the whole response as one canvas (our LLaDA /
     Dream classes): defaults never decode a response as chained block canvases; SGLang's block canvas only when
     asked for by name (``cache: canvas``)."""
-    if whole_response and POLICY_KEY not in cfg and CACHE_KEY not in cfg:
+    if whole_response and POLICY_KEY not in cfg and RENAMED not in cfg:
         return {**cfg, POLICY_KEY: DEFAULT_POLICY}
     return cfg
 
@@ -103,10 +83,10 @@ def options_of(cls, exclude=()) -> dict:
     return {f.name: f for f in dataclasses.fields(cls) if f.init and f.name not in exclude}
 
 
-def build(cls, opts: dict, where: str, also_allowed=(), exclude=()):
+def build(cls, opts: dict, where: str, also_allowed=()):
     """``cls(**opts)`` for a dllm_core config dataclass: unknown keys, wrong types and the class's
     own range / choice checks become errors naming ``where.<option>`` and the allowed values."""
-    fields = options_of(cls, exclude)
+    fields = options_of(cls)
     unknown = sorted(set(opts) - set(fields))
     if unknown:
         raise ValueError(f"{where} has no option {unknown[0]!r}; allowed: {sorted([*fields, *also_allowed])}")
@@ -124,7 +104,7 @@ class AlgorithmOptions:
     over the whole response."""
 
     decode: DecodeOptions
-    cache: CanvasCache | None = None  # None or exact (kr=1): plain forwards
+    cache: CanvasCache = CanvasCache()  # SGLang's block canvas (exact: kr=1)
     policy: CachePolicy | None = None  # cache: prefix / dual / dllm / module.Class: over the whole response
 
     @property
@@ -133,8 +113,8 @@ class AlgorithmOptions:
 
     @property
     def caching(self) -> bool:
-        """Whether the dLLM-Cache feature cache runs (data-dependent: no CUDA graphs)."""
-        return self.cache is not None and not self.cache.exact
+        """Whether dLLM-Cache runs over the block (data-dependent: no CUDA graphs)."""
+        return self.policy is None and not self.cache.exact
 
     def response(self, max_new_tokens: int | None, block: int) -> ResponsePlan:
         """A request's response under these options (``max_new_tokens`` in whole blocks of SGLang's block)."""
@@ -148,23 +128,22 @@ class AlgorithmOptions:
         cfg = dict(cfg)
         for k in HOST_KEYS:
             cfg.pop(k, None)
-        cache = cfg.pop(CACHE_KEY, None)
-        if cache is not None and not isinstance(cache, dict):
-            allowed = sorted(options_of(CanvasCache, NOT_IN_SGLANG))
-            raise ValueError(f"{algo}.{CACHE_KEY} must be a mapping of {allowed}")
-        fast = parse_policy(algo, cfg.pop(POLICY_KEY)) if POLICY_KEY in cfg else None
-        if fast is not None and cache is not None:
-            raise ValueError(f"{algo}: {POLICY_KEY}: {fast.name} and {CACHE_KEY} exclude each other "
-                             f"(dLLM-Cache runs over SGLang's block canvas)")
+        if RENAMED in cfg:
+            old = cfg[RENAMED]
+            spec = "canvas:" + ",".join(f"{k}={v}" for k, v in old.items()) if isinstance(old, dict) else "canvas:.."
+            raise ValueError(f"{algo}.{RENAMED}: renamed in 0.2 to {algo}.{POLICY_KEY} with vLLM's spelling: "
+                             f"cache: \"{spec}\" (dLLM-Cache over SGLang's block canvas)")
+        cache = parse_policy(algo, cfg.pop(POLICY_KEY)) if POLICY_KEY in cfg else CanvasCache()
         decoding = {k: cfg.pop(k) for k in DECODING if k in cfg}
         if sampler_name is None:
             unknown = sorted(set(cfg) - {"sampler", "steps"})
             if unknown:
-                allowed = ["sampler", "steps", CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS]
+                allowed = ["sampler", "steps", POLICY_KEY, *DECODING, *HOST_KEYS]
                 raise ValueError(f"{algo} has no option {unknown[0]!r}; allowed: {sorted(allowed)}")
             decoding.update(cfg)
         else:
-            decoding["sampler"] = build(SAMPLERS[sampler_name], cfg, algo, [CACHE_KEY, POLICY_KEY, *DECODING, *HOST_KEYS])
+            decoding["sampler"] = build(SAMPLERS[sampler_name], cfg, algo, [POLICY_KEY, *DECODING, *HOST_KEYS])
         decode = DecodeOptions.build(decoding, f"{algo}.", only=("sampler", "steps", *DECODING))
-        block_cache = None if cache is None else build(CanvasCache, cache, f"{algo}.{CACHE_KEY}", exclude=NOT_IN_SGLANG)
-        return cls(decode, block_cache, fast)
+        if cache.refreshes_prefix:
+            return cls(decode, policy=cache)
+        return cls(decode, cache)

@@ -1,24 +1,10 @@
-"""The SGLang plugin (entry point ``sglang.srt.plugins: dllm``), executed by SGLang's
-``load_plugins()`` early in every process (launcher, scheduler, detokenizer).
-
-It changes no SGLang file; everything goes through SGLang's registries and its hook registry:
-
-* ``algo_name_to_cls``: ``SlowFast``, ``FastDllmThreshold``, ``FastDllmFactor``, ``DllmCore``;
-* ``AutoConfig``: the ``llada`` / ``Dream`` config classes (no ``--trust-remote-code``);
-* ``ModelRegistry.models``: ``LLaDAModelLM`` / ``DreamModel`` (BEFORE hook on
-  ``get_model_architecture``, so processes that never load a model never import model code);
-* ``DllmConfig.from_server_args`` (AROUND): the dLLM architecture table gains LLaDA-8B and
-  Dream (block size 32 unless the YAML sets ``block_size``; mask id from config.json), as a
-  ``DllmServeConfig`` whose admission check refuses prompts holding the mask token (HTTP 400);
-  LLaDA2's row reads the checkpoint's ``block_size`` / ``mask_token_id`` (SGLang's table: 32 / 156895,
-  the published ones) and refuses a YAML ``block_size`` that differs (it attends block-causally);
-* ``ForwardBatch.init_new`` (AFTER): Dream's model gets the token id of each request's last
-  prefix position (``PrefixRows.expect``), which SGLang does not pass to the model; every dllm-serve
-  model gets the batch's requests (prompt ids, ``max_new_tokens``, block offsets) for Fast-dLLM's
-  canvas (``ResponseForward.expect``);
-* ``handle_dllm_inference`` (AFTER): Dream turns CUDA graphs off (its prefix row is computed
-  from the paged cache with data-dependent shapes), with a warning;
-* the sibling module ``tokenswift.py``, if present, registers its speculative algorithm.
+"""The SGLang plugin (entry point ``sglang.srt.plugins: dllm``), run by SGLang's ``load_plugins()`` early in every
+process. It changes no SGLang file: our algorithms into ``algo_name_to_cls``, the ``llada`` / ``Dream`` configs into
+``AutoConfig``, our model classes into ``ModelRegistry`` (a BEFORE hook on ``get_model_architecture``), LLaDA /
+Dream / LLaDA2 rows for ``DllmConfig.from_server_args`` (AROUND: block size, mask id, the admission check), the
+batch's requests and Dream's last prefix ids from ``ForwardBatch.init_new`` (AFTER), Dream's CUDA graphs off
+(AFTER ``handle_dllm_inference``) and TokenSwift (``tokenswift.py``). ``patches/sglang/README.md`` has each hook
+and its reason.
 """
 from __future__ import annotations
 
@@ -149,9 +135,6 @@ def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
     from .response import BATCH
 
     BATCH.expect(forward_batch.req_pool_indices, batch.reqs)
-    fwd = getattr(getattr(model_runner, "model", None), "response_forward", None)
-    if fwd is not None:
-        fwd.expect(forward_batch.req_pool_indices, batch.reqs)
     return forward_batch
 
 

@@ -1,17 +1,9 @@
-"""Dream's shifted logits in SGLang's block forward.
-
-Dream predicts position i from the logit row of position i - 1, so block position 0 needs the
-row of the last prefix position s - 1, which SGLang's block forward does not compute. Following
-the block-canvas semantics of dllm_core (``CanvasCache``), that row is the final hidden state of
-position s - 1 as the forward that committed it computed it: its query attends to the paged K/V
-of positions [0, s) - exactly what is in SGLang's KV cache. It is recomputed once per block from
-the paged cache (one query per layer) and kept per request slot, tagged with the position and the
-slot's generation (``ReqToTokenPool.req_generation``) so a reused slot never sees a stale row.
-
-The token id at s - 1 is not in the ForwardBatch; the plugin's hook on ``ForwardBatch.init_new``
-hands it to the model (``PrefixRows.expect``) together with the batch's request slots, which the
-forward checks (SGLang's runners forward a ``dataclasses.replace`` copy of the batch, so extra
-ForwardBatch attributes would not survive).
+"""Dream's shifted logits in SGLang's block forward: block position 0 (at sequence position s) is predicted from
+the final hidden state of position s - 1, which the block forward does not compute. As dllm_core's ``CanvasCache``
+has it, that row is recomputed once per block from the paged K/V of [0, s) (one query per layer) and kept per
+request slot, tagged with the position and the slot's generation. The token id at s - 1 comes from the plugin's
+``ForwardBatch.init_new`` hook (``PrefixRows.expect``, with the batch's slots, which the forward checks);
+``patches/sglang/README.md`` says why this is a hook.
 """
 from __future__ import annotations
 

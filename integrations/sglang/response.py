@@ -1,30 +1,18 @@
-"""The embedded engine's semantics in SGLang's block scheduler for a cache policy over the whole response
-(``cache: prefix`` / ``dual`` / ``dllm``, or any dllm_core policy that refreshes the prefix).
+"""A cache policy over the whole response (``cache: prefix`` / ``dual`` / ``dllm``, any dllm_core policy that
+refreshes the prefix) in SGLang's block scheduler, with the embedded engine's semantics: each request's response
+is one canvas of ``max_new_tokens`` positions (whole blocks) after its prompt, and SGLang's block is only a
+window onto it (``integrations/sglang/README.md``).
 
-The response is one canvas of ``max_new_tokens`` positions (whole blocks) right after the prompt, decoded in
-blocks of ``block_size`` that start at the prompt end, with the masked rest of the response present in every
-step. SGLang's scheduler knows nothing of this: it decodes blocks aligned to multiples of ``block_size`` from
-position 0 and nothing right of its block exists. Here its block is only a window onto the request's canvas:
+* ``ResponseHost`` (algorithm side) runs the request on the core's lifecycle (``ResponseSlots``): every forward of
+  a request being decoded is one step (``begin`` / ``plan`` -> forward -> ``take``) and SGLang's block ids mirror
+  the canvas; prompt prefills and forwards after the response is decoded compute nothing;
+* ``ResponseForward`` (model side) runs every position [0, P + G) of each live request as the core's
+  ``PackedStep`` (its prompt and its response parts, features per request) with SGLang's layers, writes the
+  prompt's recomputed K/V into SGLang's pool, and returns the canvas block's logits (``full_logits`` row
+  ``b * L + j`` = position ``start + j`` of request b).
 
-* the algorithm's ``ResponseHost`` binds each request (a ``Response``: its slot, generation and prompt) to the
-  core's request lifecycle (``dllm_core.engine.slots.ResponseSlots``: the canvas, block, sampler rows, policy
-  state and work, by slot): every SGLang forward of a request being decoded is one step of the embedded loop
-  (``begin`` / ``plan`` -> forward -> ``take``); SGLang's block ids mirror the canvas, and SGLang's block is done
-  once its positions are decoded. Prompt-prefill forwards and forwards after the response is decoded compute
-  nothing;
-* the model's ``ResponseForward`` runs every position [0, P + G) of each live request through dllm_core's
-  executor (``CachedStep``): two regions per request, its prompt and its response (``HostPlan.cover``), each
-  with its features (K, V, attention and FFN outputs) kept per request (``PartStores``) and recomputed per
-  layer as the plan says; queries attend to every position of their request (the core's ``PackedAttention``).
-  A layer that recomputed prompt positions writes the prompt's K/V into SGLang's pool. Its logits rows are the
-  canvas block's (``full_logits`` row ``b * L + j`` = position ``start + j`` of request b).
-
-Work accounting (the embedded engine's ``Counters`` units) is the core's: the forwards each request took part
-in, the rows x layers the executor ran through the full layer (its ``tally``) and what the uncached loop runs for
-the same forwards; ``ResponseHost.work(rid)`` reads it (in flight, or recently finished).
-
-The prompt token ids and ``max_new_tokens`` are not in the ForwardBatch: the plugin's hook on
-``ForwardBatch.init_new`` hands the batch's requests over (``BatchRequests``).
+SGLang passes the requests' prompt ids and ``max_new_tokens`` to neither: the plugin's ``ForwardBatch.init_new``
+hook hands them over (``BATCH``).
 """
 from __future__ import annotations
 
@@ -36,14 +24,15 @@ import numpy as np
 import torch
 
 from dllm_core.cache import CachePolicy, HostPlan, HostRequest
-from dllm_core.cache.executor import CachedStep, PartStores
+from dllm_core.cache.host import PackedStep
+from dllm_core.cache.executor import PartStores
 from dllm_core.engine.slots import ResponseSlots, SlotConfig
-from dllm_core.models.layers import PackedAttention
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
 logger = logging.getLogger(__name__)
+
 
 class BatchRequests:
     """The SGLang ``Req``s of the next forward batch (prompt ids, output ids, sampling params, block offset),
@@ -106,17 +95,17 @@ class ForwardPlan:
     shift: int  # Dream: the logit row of position i is the hidden state of i - 1
 
 
-class ResponseHost:
-    """SGLang's side of the core's request lifecycle (``ResponseSlots``: each request's canvas, block, sampler rows,
-    policy state and work, by request slot): ``prepare`` binds the batch's requests and plans their step
-    (``begin`` / ``plan``), ``step`` takes it (``take``) and mirrors the canvas into SGLang's block ids."""
+class SlotsHost:
+    """SGLang's request slots on the core's request lifecycle (``ResponseSlots``): a slot whose request generation
+    moved holds a new request (``admit``); ``work`` / ``finished_work`` read the core's work counters.
+    ``prepare(model_runner, fb, states)`` plans a forward, ``step(fb, logits, states)`` takes it."""
+
+    needs_requests = True  # admission reads the batch's SGLang ``Req``s
 
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
         self.policy, self.opts, self.L, self.mask_id = policy, opts, L, mask_id
-        self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
         self.core: ResponseSlots | None = None
-        self.fwd: ResponseForward | None = None
-        self.batch: tuple[list[Response], list[int], np.ndarray] | None = None  # (responses, offsets, live rows)
+        self.gens: dict[int, int] = {}  # the request generation each slot was admitted with
 
     @property
     def finished_work(self) -> dict[str, dict]:
@@ -127,6 +116,41 @@ class ResponseHost:
         ``full_token_layers``): in flight, or one of the last finished; None if unknown."""
         return None if self.core is None else self.core.work(rid)
 
+    def bind(self, model_runner, fb: ForwardBatch) -> list | None:
+        """Admit the batch's new requests; -> the batch's ``Req``s (None when not needed)."""
+        slots, model = fb.req_pool_indices.tolist(), model_runner.model
+        if self.core is None:
+            self.core = ResponseSlots(0, self.L, self.mask_id, fb.input_ids.device, seed=self.opts.decode.seed,
+                                      layers=len(getattr(model, "layers", ())))
+        gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
+        new = [(i, s, g) for i, (s, g) in enumerate(zip(slots, gens)) if self.gens.get(s) != g]
+        reqs = BATCH.requests(slots) if new and self.needs_requests else None
+        for i, s, g in new:
+            self.core.fit(s + 1, self.L)
+            if self.core.config[s] is not None:
+                self.release(s)
+            self.admit(s, g, None if reqs is None else reqs[i], model, fb.input_ids.device)
+            self.gens[s] = g
+        return reqs
+
+    def admit(self, slot: int, gen: int, req, model, device) -> None:
+        raise NotImplementedError
+
+    def release(self, slot: int) -> None:
+        self.core.release(slot)
+
+
+class ResponseHost(SlotsHost):
+    """A policy over the whole response: each request's canvas of ``max_new_tokens`` positions (whole blocks) on the
+    core's slots; ``prepare`` plans the live rows' step (``begin`` / ``plan``) for the model's ``ResponseForward``,
+    ``step`` takes it (``take``) and mirrors the canvas into SGLang's block ids."""
+
+    def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
+        super().__init__(policy, opts, L, mask_id)
+        self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
+        self.fwd: ResponseForward | None = None
+        self.batch: tuple[list[Response], list[int], np.ndarray] | None = None  # (responses, offsets, live rows)
+
     def finish(self, r: Response) -> None:
         """A response decoded: its work kept (by request id) and logged; its features freed."""
         self.core.release(r.slot)
@@ -136,18 +160,21 @@ class ResponseHost:
                      w["token_layers"] / max(w["full_token_layers"], 1))
         self.fwd.release(r)
 
-    def prepare(self, model_runner, fb: ForwardBatch) -> None:
+    def release(self, slot: int) -> None:
+        self.core.release(slot)
+        self.fwd.release(self.responses[slot])
+
+    def prepare(self, model_runner, fb: ForwardBatch, states=None) -> None:
         """Before a forward: bind the batch's requests, begin new blocks and plan each live row's step."""
         model = model_runner.model
         self.fwd = fwd = getattr(model, "response_forward", None)
         if fwd is None:
             raise ValueError(f"cache {self.policy.name} needs a dllm-serve model class (LLaDAModelLM, DreamModel), "
                              f"got {type(model).__name__}")
+        self.bind(model_runner, fb)
         slots = fb.req_pool_indices.tolist()
-        reqs = fwd.requests(slots)
-        resps = self._bind(model_runner, slots, reqs, fb.input_ids.device)
+        reqs, resps, core = BATCH.requests(slots), [self.responses[s] for s in slots], self.core
         offsets = [int(r.dllm_block_offset) for r in reqs]  # SGLang's block: [offset, offset + L)
-        core = self.core
         # SGLang prefills blocks of committed tokens (the prompt; all it committed, after a retraction): no step
         live = np.array([b for b, (r, q, o) in enumerate(zip(resps, reqs, offsets)) if core.config[r.slot] is not None
                          and o + self.L > len(q.origin_input_ids) + len(q.output_ids)], dtype=np.int64)
@@ -169,7 +196,7 @@ class ResponseHost:
         """The request's sequence [P + G]: prompt and canvas."""
         return torch.cat([r.prompt, self.core.canvas[r.slot, :r.G]])
 
-    def step(self, fb: ForwardBatch, logits: torch.Tensor) -> list[bool]:
+    def step(self, fb: ForwardBatch, logits: torch.Tensor, states=None) -> list[bool]:
         """After the forward: one step of the loop for the live rows (logits [B * L, V] of their canvas
         blocks), the canvas mirrored into SGLang's block ids; -> per row whether SGLang's block is decoded."""
         resps, offsets, live = self.batch
@@ -194,24 +221,7 @@ class ResponseHost:
         inside = torch.arange(self.L, device=ids.device) < torch.tensor(span, device=ids.device)[:, None]
         return (~((ids == self.mask_id) & inside).any(-1)).tolist()
 
-    def _bind(self, model_runner, slots: list[int], reqs: list, device) -> list[Response]:
-        """The batch's responses; a slot whose generation moved (a new request) gets a fresh one."""
-        if self.core is None:
-            self.core = ResponseSlots(0, 0, self.mask_id, device, seed=self.opts.decode.seed,
-                                      layers=len(model_runner.model.layers))
-        gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
-        out = []
-        for slot, gen, req in zip(slots, gens, reqs):
-            r = self.responses.get(slot)
-            if r is None or r.gen != gen:
-                if r is not None and self.core.config[slot] is not None:
-                    self.core.release(slot)
-                    self.fwd.release(r)
-                r = self._admit(slot, gen, req, device)
-            out.append(r)
-        return out
-
-    def _admit(self, slot: int, gen: int, req, device) -> Response:
+    def admit(self, slot: int, gen: int, req, model, device) -> None:
         """A new request in ``slot``: its canvas (tokens SGLang committed before - a retracted and re-admitted
         request - kept, the loop resuming at their block)."""
         plan = self.opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
@@ -226,25 +236,17 @@ class ResponseHost:
         if out:
             core.canvas[slot, :len(out)] = torch.tensor(out, device=device)
             core.block[s] = len(out) // self.L
-        return r
 
 
 class ResponseForward:
-    """The model side: request info from the ForwardBatch hook, the requests' features and the forward of the
-    planned rows (SGLang's layers through dllm_core's executor; attention over each request's positions)."""
+    """The model side: the requests' features and the forward of the planned rows (SGLang's layers through
+    dllm_core's executor; attention over each request's positions)."""
 
     def __init__(self, model):
         self.model = model
-        self.reqs = BatchRequests("whole-response cache")
         self.plan: ForwardPlan | None = None
         self.core: ResponseSlots | None = None  # the planned requests' work is counted there
-
-    def expect(self, slots: torch.Tensor, reqs: list) -> None:
-        """The next batch's request slots and SGLang ``Req``s, from the plugin's ``ForwardBatch.init_new`` hook."""
-        self.reqs.expect(slots, reqs)
-
-    def requests(self, slots: list[int]) -> list:
-        return self.reqs.requests(slots)
+        self.step: PackedStep | None = None  # the last forward's rows
 
     def bind(self, r: Response) -> None:
         """Features for a request being decoded: its prompt's and its response's, in every layer."""
@@ -271,48 +273,33 @@ class ResponseForward:
         live = [(b, r) for b, r in enumerate(plan.rows) if r is not None]
         if live:
             rows = [r for _, r in live]
-            hid, off = self.hidden(rows), [0]
-            for r in rows:
-                off.append(off[-1] + r.resp.end)
+            hid = self.hidden(rows)
             b_idx = torch.tensor([b for b, _ in live], device=h.device)[:, None] * L + torch.arange(L, device=h.device)
-            src = torch.tensor([[o + r.start + j - plan.shift for j in range(L)] for o, r in zip(off, rows)],
-                               device=h.device)  # [m, L] the hidden row of each canvas block position
-            h[b_idx.flatten()] = m.norm(hid[src.flatten()])
+            h[b_idx.flatten()] = m.norm(hid[self.step.rows([r.start for r in rows], L, plan.shift).flatten()])
         return m.logits_processor(input_ids, h, m.lm_head, fb)
 
     def hidden(self, rows: list[RowPlan]) -> torch.Tensor:
-        """Pre-norm final hidden states [N, d] of every position [0, P + G) of each request, concatenated. Each
-        layer runs through dllm_core's executor (``CachedStep``) with two regions per request - its prompt and
-        its response - recomputed as the request's plan says (``HostPlan.cover``); the prompt's K/V of a layer
-        that recomputed some of it are written into SGLang's pool."""
-        m = self.model
-        dev = m.embed.weight.device
-        pool = get_token_to_kv_pool()
-        ends = [r.resp.end for r in rows]
-        off = [0, *torch.tensor(ends).cumsum(0).tolist()]
-        pos = torch.cat([torch.arange(e, device=dev) for e in ends])  # [N]
+        """Pre-norm final hidden states [N, d] of every position [0, P + G) of each request, concatenated (the core's
+        ``PackedStep``: two parts per request, its prompt and its response); the prompt's K/V of a layer that
+        recomputed some of it are written into SGLang's pool."""
+        m, pool = self.model, get_token_to_kv_pool()
         x = m.embed(torch.cat([r.ids for r in rows]))
-        regions = [r.plan.regions(o, r.resp.feats, dev, [r.plan.cover("prompt", 0, r.resp.P),
-                                                         r.plan.cover("response", r.resp.P, r.resp.end)])
-                   for r, o in zip(rows, off)]
-        prompts = [g[0] for g in regions]
-        step = CachedStep([g for pair in regions for g in pair])
-        attend = PackedAttention(off, dev)
+        self.step = step = PackedStep([r.plan for r in rows], [r.resp.end for r in rows],
+                                      [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
+                                      [r.resp.feats for r in rows], x.device)
         r2t = get_req_to_token_pool().req_to_token
         ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
-        tally = torch.zeros(pos.shape[0], dtype=torch.long, device=dev)  # full-layer runs per row (work)
         for i, layer in enumerate(m.layers):
             att = layer.self_attn
             ops = SimpleNamespace(qkv=lambda h, p, layer=layer: layer.self_attn.qkv(p, layer.attn_norm(h)),
                                   value=lambda h, layer=layer: layer.self_attn.value(layer.attn_norm(h)),
-                                  attend=lambda q, k, v, ridx, att=att: att.o_proj(attend(
+                                  attend=lambda q, k, v, ridx, att=att: att.o_proj(step.attention(
                                       q, k, v, ridx, att.n_heads, att.n_kv, att.attn.scaling))[0], ffn=layer.ffn)
-            x = step.layer(ops, x, pos, i, tally=tally)
-            if any(bool(g.plan(i)[0].any()) for g in prompts):  # the prompts' K/V moved: into the pool
-                k, v = (torch.cat([g.store.bufs[j][i, 0] for g in prompts]) for j in (0, 1))
+            x = step.layer(ops, x, i)
+            if step.recomputed(0, i):  # the prompts' K/V moved: into the pool
+                k, v = (torch.cat([g[0].store.bufs[j][i, 0] for g in step.regions]) for j in (0, 1))
                 pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim), v.view(-1, att.n_kv, att.head_dim))
-        slots, core = [r.resp.slot for r in rows], self.core
-        core.token_layers.index_add_(0, torch.tensor(slots, device=dev).repeat_interleave(torch.tensor(ends, device=dev)),
-                                     tally)  # no sync
-        core.count(np.array(slots), np.array(ends) * len(m.layers))
+        slots = [r.resp.slot for r in rows]
+        self.core.token_layers[torch.tensor(slots, device=x.device)] += step.work()  # no sync
+        self.core.count(np.array(slots), np.array(step.ends) * len(m.layers))
         return x

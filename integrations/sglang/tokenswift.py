@@ -1,23 +1,9 @@
-"""TokenSwift as an SGLang speculative algorithm: ``--speculative-algorithm TOKENSWIFT``.
-
-``register()`` (idempotent; call it from the SGLang plugin entry point) puts ``TOKENSWIFT`` into SGLang's
-registry through the public ``SpeculativeAlgorithm.register``. It behaves as the built-in NGRAM algorithm for
-the scheduler (``is_ngram()``: tree verification in one target forward, no draft KV cache, NGRAM's
-server-argument handling) while its worker - a subclass of SGLang's ``NGRAMWorker``, built when the server
-creates it - drafts TokenSwift trees:
-
-    --speculative-algorithm TOKENSWIFT --speculative-num-draft-tokens 16
-    --speculative-draft-model-path HEADS_DIR   (optional: dllm train-tokenswift output; without it n-grams only)
-
-Drafting is dllm_core's ``TokenSwiftDrafter`` (per request: n-gram table, trie of the heads' best paths and the
-top-k n-grams keyed on the newest token, h0 bookkeeping), ``TreeDrafter`` only caps its trees at
-``draft_token_num`` nodes and packs them in NGRAM's verify format: the root (newest token) first and a [D, D]
-ancestor mask. The heads' h0 is the target's final hidden state at the last accepted node of the previous
-verification (or the last prefill row): a forward hook on the target hands the drafter each request's rows;
-SGLang's own verifier then accepts the longest path matching the target.
-
-Tested through SGLang 0.5.23's real server (``tests/test_sglang_server_spec.py``, CPU harness
-``tests/sglang_harness``): lossless against plain decoding, acceptance from SGLang's own metrics.
+"""TokenSwift as an SGLang speculative algorithm (``--speculative-algorithm TOKENSWIFT
+--speculative-num-draft-tokens 16 [--speculative-draft-model-path HEADS_DIR]``), registered through SGLang's
+public ``SpeculativeAlgorithm.register`` (``register()``, idempotent). The scheduler treats it as NGRAM (tree
+verification in one target forward, no draft KV cache); its worker, a ``NGRAMWorker`` subclass, drafts the core's
+``TokenSwiftDrafter`` trees (capped at ``draft_token_num`` nodes, packed in NGRAM's verify format: root first, a
+[D, D] ancestor mask); the heads' h0 comes from a forward hook on the target. ``docs/tokenswift.md`` has the rest.
 """
 from __future__ import annotations
 

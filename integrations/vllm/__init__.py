@@ -1,14 +1,6 @@
-"""vLLM adapter: serve LLaDA (``LLaDAModelLM``), Dream (``DreamModel``) and LLaDA2 (``LLaDA2MoeModelLM``,
-block-causal MoE) through vLLM's native discrete-diffusion pathway (Model Runner V2) with dllm_core's samplers
-and canvas cache policy.
-
-Loaded by vLLM in every process through the ``vllm.general_plugins`` entry point ``dllm``
-(``register``). Host vocabulary only: decisions are dllm_core's (see ``docs/vllm.md``).
-
-Modules: ``configs`` (HF configs + vLLM config hook), ``options`` (server-wide / per-request
-options and their admission check), ``renderer`` (prompt admission), ``model`` (the models on vLLM
-layers; ``llada2``: LLaDA2 on vLLM's Bailing-MoE layers), ``state`` (ModelState + per-request diffusion state), ``sampler`` (the custom sampler),
-``serve`` (``vllm serve`` with ``--dllm-sampler`` / ``--dllm-cache``).
+"""vLLM adapter: LLaDA, Dream and LLaDA2 (block-causal MoE) through vLLM's discrete-diffusion pathway (Model Runner
+V2), loaded in every process by the ``vllm.general_plugins`` entry point ``dllm`` (``register``). Host vocabulary
+only; ``docs/vllm.md`` says what runs where.
 """
 from __future__ import annotations
 

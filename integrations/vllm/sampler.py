@@ -1,18 +1,8 @@
-"""The dllm sampler: vLLM's custom sampler for LLaDA / Dream / LLaDA2, delegating every decision to
-the core's request lifecycle (``dllm_core.engine.slots.ResponseSlots.take``).
-
-Per step, for each request in the batch:
-
-* prefill that completes its prompt -> a fresh all-mask canvas becomes its draft tokens;
-* denoise  -> the logits of the request's current block of the canvas (Dream: shifted, the first
-  canvas row from the last committed position's kept hidden state) go to its dllm_core sampler,
-  which commits tokens; nothing is emitted (every canvas position is "rejected", so vLLM rolls the
-  canvas back); a finished block moves to the next block of the canvas, a finished last block
-  makes the next step the commit;
-* commit   -> the finished canvas is emitted (its K/V were just written into the paged cache);
-  a new all-mask canvas follows.
-
-Requests sharing a sampler configuration run one batched dllm_core call; the step reads the device once.
+"""The dllm sampler: vLLM's custom sampler for LLaDA / Dream / LLaDA2. Per request of the batch: a prefill that
+completes its prompt gets a fresh all-mask canvas as its draft tokens; a denoise step runs the core's step on its
+block (``ResponseSlots.take``; Dream: the first canvas row from the last held position's kept hidden state) and
+emits nothing (every canvas position is rejected, so vLLM rolls the canvas back); a commit step emits the
+finished canvas (or its first block when streaming) and a fresh canvas follows.
 """
 from __future__ import annotations
 

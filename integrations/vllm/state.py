@@ -1,20 +1,11 @@
-"""Per-request diffusion state and vLLM's ModelState for LLaDA / Dream.
+"""vLLM's ModelState for LLaDA / Dream / LLaDA2 and its side of the core's request lifecycle (``DllmStates``).
 
-A request goes through vLLM's diffusion pathway as:
-
-    prefill (prompt, bidirectional) -> denoise steps over the canvas -> commit step (emits the
-    canvas, its K/V stay in the paged cache) -> denoise steps over the next canvas -> ...
-
-The canvas rides vLLM's draft-token path (``req_states.draft_tokens``). ``phase`` says what the
-next scheduled canvas step of a slot is (denoise or commit); the dllm sampler flips it.
-
-Fast-dLLM's ``prefix`` / ``dual`` (dllm_core's ``PrefixCache``): at a refresh step (a new block or
-SlowFast span, or every ``every`` steps) the request's whole paged prefix (prompt + committed
-canvases) is run again *with the masked canvas present*: its rows are added to vLLM's scheduled
-rows (an ``Extension`` of the batch with its own attention metadata), so vLLM's paged attention
-writes the refreshed prefix K/V in place and the canvas rows see them. Between refreshes only the
-policy's rows of the canvas are recomputed (the block or span: ``dual``; from it to the canvas end:
-``prefix``), the other canvas rows reuse their K/V from the ``FeatureStore`` (dllm_core's executor).
+A request runs as: prefill (prompt, bidirectional) -> denoise steps over the canvas -> commit step (emits the
+canvas, its K/V stay in the paged cache) -> the next canvas. The canvas rides vLLM's draft-token path; ``phase``
+says what a slot's next canvas step is. A policy that refreshes the prefix (Fast-dLLM, dLLM-Cache) re-runs the
+request's paged prefix with the masked canvas present: its rows are added to vLLM's scheduled rows (an
+``Extension`` with its own attention metadata), so vLLM's paged attention writes the fresh prefix K/V in place;
+the core's ``HostPlan`` says which rows run and which reuse their stored features (``docs/architecture.md``).
 """
 from __future__ import annotations
 

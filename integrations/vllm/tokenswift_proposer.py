@@ -1,26 +1,9 @@
-"""TokenSwift drafting inside vLLM: a ``custom_class`` speculative proposer (V1 model runner).
-
-    LLM(model=TARGET_DIR, speculative_config={
-            "method": "custom_class", "num_speculative_tokens": 3,
-            "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer"},
-        additional_config={"tokenswift": {"heads": HEADS_DIR, "ngram_n": 4, "ngram_topk": 8}})
-
-vLLM builds ``TokenSwiftProposer(vllm_config)``, hands it the loaded target in ``load_model(target_model)`` and,
-after every step's bookkeeping, calls ``propose(sampled_token_ids, num_tokens_no_spec, token_ids_cpu,
-slot_mappings=...)`` for one draft chain per request (its rejection sampler verifies chains, so the output is
-the target's own - greedy output identical to decoding without drafts).
-
-Drafts per request (n = tokens so far, the newest one sampled by the target):
-- heads: a forward hook on the target captures the final hidden states of every forward together with their
-  positions and vLLM's per-request ``query_start_loc``; the row at position n-2 is the hidden state that
-  produced the newest token, i.e. TokenSwift's h0. The gamma chained residual heads
-  (``dllm_core.drafters.tokenswift.heads``) run on it and the target's own ``compute_logits`` (its LM head)
-  turns h_1..h_gamma into the next gamma tokens;
-- ``dllm_core``'s ``TokenSwiftDrafter`` (state per batch row, restarted when the row holds another request) merges
-  the heads' best paths with the request's most frequent n-grams into TokenSwift's tree and proposes its
-  ``main_branch`` (at every node the child most candidates go through): vLLM verifies one
-  chain per request, not a tree. Options: ``heads`` (directory from ``dllm train-tokenswift``; none: n-grams
-  only) and any field of ``dllm_core``'s ``DraftOptions``, with its defaults.
+"""TokenSwift drafting inside vLLM: a ``custom_class`` speculative proposer (``speculative_config={"method":
+"custom_class", "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer", ...}``, options under
+``additional_config["tokenswift"]``: ``heads`` and any field of the core's ``DraftOptions``). Per request one chain:
+the core's ``TokenSwiftDrafter`` tree's main branch, from the heads on the target's captured hidden state at
+position n - 2 (a forward hook) and the request's n-grams; vLLM's rejection sampler verifies it (lossless).
+``docs/tokenswift.md`` has the rest.
 """
 from __future__ import annotations
 
