@@ -69,12 +69,16 @@ class ResponseSlots:
         self.new = np.zeros(n_slots, dtype=bool)            # the block begins at the next step
         self.focus = np.zeros((n_slots, 2), dtype=np.int64)  # the sampler's window of the next step, in the block
         self.changed = np.zeros(n_slots, dtype=bool)  # the last step changed the block's tokens
+        self.block_len = np.ones(n_slots, dtype=np.int64)  # each slot's block length
+        self.group = np.full(n_slots, -1, dtype=np.int64)  # each slot's config, as an index into ``configs``
+        self.configs: list[SlotConfig] = []
         self.config: list[SlotConfig | None] = [None] * n_slots
         self.host: list[HostRequest | None] = [None] * n_slots
         self.stores: list[PartStores | None] = [None] * n_slots
         self.rid: list[str | None] = [None] * n_slots
         self.states: dict[SlotConfig, SlotStates] = {}
         self.contexts: dict[SlotConfig, TokenContext] = {}
+        self.aranges: dict[int, torch.Tensor] = {}
         self.generator = torch.Generator(device).manual_seed(seed)
         # work (the embedded engine's ``Counters`` units): rows x layers run through a full layer (device, summed
         # without a sync; + 1 row: a host's padding rows), forwards taken part in, what the uncached loop runs
@@ -98,8 +102,9 @@ class ResponseSlots:
         self.canvas = canvas
         if grow:
             pad = lambda a, v=0: np.concatenate([a, np.full((grow, *a.shape[1:]), v, dtype=a.dtype)])
-            self.block, self.n_blocks, self.new, self.focus, self.changed = (
-                pad(self.block), pad(self.n_blocks, 1), pad(self.new), pad(self.focus), pad(self.changed))
+            self.block, self.n_blocks, self.new, self.focus, self.changed, self.block_len, self.group = (
+                pad(self.block), pad(self.n_blocks, 1), pad(self.new), pad(self.focus), pad(self.changed),
+                pad(self.block_len, 1), pad(self.group, -1))
             self.forwards, self.full_token_layers = pad(self.forwards), pad(self.full_token_layers)
             self.token_layers = torch.cat([self.token_layers[:S], self.token_layers.new_zeros(grow + 1)])
             for lst in (self.config, self.host, self.stores, self.rid):
@@ -110,6 +115,9 @@ class ResponseSlots:
               stores: PartStores | None = None) -> None:
         """A new request in ``slot``: fresh sampler rows and work counters."""
         self.config[slot], self.host[slot], self.stores[slot], self.rid[slot] = config, host, stores, rid
+        if config not in self.configs:
+            self.configs.append(config)
+        self.group[slot], self.block_len[slot] = self.configs.index(config), config.block_length
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.sampler_states(config).reset(torch.tensor([slot], device=self.device))
 
@@ -155,18 +163,17 @@ class ResponseSlots:
 
     def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray, SlotConfig]]:
         """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config)]."""
-        by: dict[SlotConfig, list[int]] = {}
-        for i, s in enumerate(slots.tolist()):
-            by.setdefault(self.config[s], []).append(i)
-        return [(np.array(i), c) for c, i in by.items()]
+        g = self.group[slots]
+        if (g == g[0]).all():
+            return [(np.arange(len(slots)), self.configs[g[0]])]
+        return [(np.flatnonzero(g == c), self.configs[c]) for c in np.unique(g)]
 
     def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray, blocks: np.ndarray | None = None) -> None:
         """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions:
         ``blocks`` blocks (default: those covering ``width``)."""
         self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)] = self.mask_id
-        Lb = np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
         self.block[slots], self.new[slots] = 0, True
-        self.n_blocks[slots] = -(-np.asarray(width) // Lb) if blocks is None else blocks
+        self.n_blocks[slots] = -(-np.asarray(width) // self.block_len[slots]) if blocks is None else blocks
         for s, p in zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist()):
             self.host[s].begin_canvas(p)
 
@@ -192,15 +199,14 @@ class ResponseSlots:
     def plan(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray, shift: int) -> list[HostPlan]:
         """Each row's ``HostPlan`` of this step (its canvas: positions [prefix, prefix + width) of the sequence),
         from its block and the sampler's focus; the policies' step counters move on."""
-        Lb = np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
-        start = np.asarray(prefix) + self.block[slots] * Lb
+        start = np.asarray(prefix) + self.block_columns(slots)
         return [self.host[s].plan(a, (lo, hi), shift, p, w) for s, a, (lo, hi), p, w in
                 zip(slots.tolist(), start.tolist(), self.focus[slots].tolist(), np.broadcast_to(prefix, slots.shape)
                     .tolist(), np.broadcast_to(width, slots.shape).tolist())]
 
     def block_columns(self, slots: np.ndarray) -> np.ndarray:
         """The canvas column where each row's block begins: [m]."""
-        return self.block[slots] * np.array([self.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        return self.block[slots] * self.block_len[slots]
 
     def take(self, slots: np.ndarray, logits: torch.Tensor, valid: np.ndarray | None = None) -> np.ndarray:
         """One denoise step of each row's block: ``logits`` [m, Lb, V] (row i: slot ``slots[i]``'s block);
@@ -221,23 +227,22 @@ class ResponseSlots:
             x, done = denoise_step(c.sampler, st, lg, x0, self.token_context(c), self._window(s, c), check=False)
             ss.scatter(idx, st, key)
             self.canvas[idx[:, None], cols] = x
-            bad = stuck(c.sampler, st, x == self.mask_id)
-            read += [done.long() + 2 * (x != x0).any(-1), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
-                     *(() if bad is None else (bad.long(),))]
+            bad = stuck(c.sampler, st, lambda: x == self.mask_id)
+            read += [done, (x != x0).any(-1), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
+                     *(() if bad is None else (bad,))]
             parts.append((pos, s, c, bad is not None))
-        flat = torch.cat(read).tolist() if read else []  # the step's one device read
+        flat = torch.cat(read).numpy(force=True) if read else np.zeros(0, dtype=np.int64)  # the one device read
         done_canvas = np.zeros(len(slots), dtype=bool)
         at = 0
         for pos, s, c, checked in parts:
             k = len(pos)
-            got = np.array(flat[at:at + k])
-            done, self.changed[s] = got % 2 == 1, got >= 2
-            at += k
+            done, self.changed[s] = flat[at:at + k] != 0, flat[at + k:at + 2 * k] != 0
+            at += 2 * k
             if c.sampler.moves_focus:
-                self.focus[s] = np.stack([flat[at:at + k], flat[at + k:at + 2 * k]], -1)
+                self.focus[s, 0], self.focus[s, 1] = flat[at:at + k], flat[at + k:at + 2 * k]
                 at += 2 * k
             if checked:
-                if any(flat[at:at + k]):
+                if flat[at:at + k].any():
                     raise stuck_error(c.sampler, c.block_length)
                 at += k
             self.block[s[done]] += 1
@@ -248,12 +253,19 @@ class ResponseSlots:
     def _blocks(self, slots: np.ndarray, L: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(slot index [k], canvas columns of each row's block [k, L])."""
         idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        b = torch.as_tensor(self.block[slots] * L, device=self.device)
-        return idx, b[:, None] + torch.arange(L, device=self.device)
+        if not self.block[slots].any():  # every row in its first block
+            return idx, self._arange(L).expand(len(slots), L)
+        return idx, torch.as_tensor(self.block[slots] * L, device=self.device)[:, None] + self._arange(L)
 
-    def _window(self, slots: np.ndarray, c: SlotConfig) -> tuple[int, int] | None:
-        """The union of the rows' focus windows (host ints), for a sampler that moves its window."""
+    def _arange(self, L: int) -> torch.Tensor:
+        a = self.aranges.get(L)
+        if a is None:
+            a = self.aranges[L] = torch.arange(L, device=self.device)
+        return a
+
+    def _window(self, slots: np.ndarray, c: SlotConfig) -> tuple[int, int]:
+        """The union of the rows' focus windows (host ints: the whole block unless the sampler moves its window)."""
         if not c.sampler.moves_focus:
-            return None
+            return 0, c.block_length
         f = self.focus[slots]
         return int(f[:, 0].min()), int(f[:, 1].max())

@@ -31,7 +31,8 @@ class StepPlan:
     """What one step is about, per row: decoding or idle, and the windows its logits must cover."""
 
     active: torch.Tensor                        # [B] bool: rows that take part (others idle)
-    focus: tuple[torch.Tensor, torch.Tensor]    # [B], [B]: each row's window [lo, hi) in the block
+    focus: tuple[torch.Tensor, torch.Tensor] | None  # [B], [B]: each row's window [lo, hi) in the block (None:
+    #                                                  the caller gave the window)
     window: tuple[int, int]                     # union of the active rows' windows (host ints)
 
 
@@ -39,7 +40,9 @@ def plan_step(sampler: Sampler, st: dict, masked: torch.Tensor, window: tuple[in
     """masked [B, L] -> the step's plan (no device sync, except SlowFast's window union when ``window`` - the
     union of the rows' windows, known to the caller - is not given)."""
     active = sampler.active(st, masked)
-    return StepPlan(active, sampler.focus(st), sampler.window(st, active) if window is None else window)
+    if window is not None:
+        return StepPlan(active, None, window)
+    return StepPlan(active, sampler.focus(st), sampler.window(st, active))
 
 
 def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, x: torch.Tensor,
@@ -50,21 +53,25 @@ def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, 
     (every step of such a rule commits at least one token)."""
     lo, hi = plan.window
     x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)
-    x = x.clone()
-    x[:, lo:hi] = torch.where(commit & plan.active[:, None], x0, x[:, lo:hi])
+    if (lo, hi) == (0, x.shape[1]):  # the whole block
+        x = torch.where(commit & plan.active[:, None], x0, x)
+    else:
+        x = x.clone()
+        x[:, lo:hi] = torch.where(commit & plan.active[:, None], x0, x[:, lo:hi])
     masked = x == tc.mask_id
     if check and (bad := stuck(sampler, st, masked)) is not None and bool(bad.any()):
         raise stuck_error(sampler, x.shape[1])
     return x, sampler.rows_done(st, masked)
 
 
-def stuck(sampler: Sampler, st: dict, masked: torch.Tensor) -> torch.Tensor | None:
+def stuck(sampler: Sampler, st: dict, masked) -> torch.Tensor | None:
     """[B] rows that a variable-step rule left with masks after L steps of a block of L (an error: every step of
-    such a rule commits at least one token); None when it cannot happen yet. masked [B, L]."""
-    L = masked.shape[1]
+    such a rule commits at least one token); None when it cannot happen yet. masked [B, L] (or a callable giving
+    it: computed only when needed)."""
+    L = st["L"]
     if sampler.fixed_steps or st["n"] < L:
         return None
-    return (st["i"] >= L) & masked.any(-1)
+    return (st["i"] >= L) & (masked() if callable(masked) else masked).any(-1)
 
 
 def stuck_error(sampler: Sampler, L: int) -> RuntimeError:

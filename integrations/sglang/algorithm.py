@@ -40,10 +40,9 @@ class DllmServeConfig(DllmConfig):
 
     def response_error(self, req) -> str | None:
         opts, sp = self.options(), getattr(req, "sampling_params", None)
-        if opts is None or sp is None:
-            return None
         try:
-            opts.response(sp.max_new_tokens or 0, self.block_size)
+            if opts is not None and sp is not None:
+                opts.response(sp.max_new_tokens or 0, self.block_size)
         except OptionError as e:
             return f"{self.algorithm}: {e}"
         return None
@@ -116,14 +115,13 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         self.opts = self.options(config.algorithm_config or {})
         self.sampler = self.opts.sampler
         self.steps = self.opts.decode.steps or self.block_size  # the most steps a block can take
-        whole = self.opts.policy is not None
-        self.host = (ResponseHost if whole else BlockHost)(self.opts.policy or self.opts.cache, self.opts,
-                                                            self.block_size, self.mask_id)
-        self.whole = self.host if whole else None
+        host = ResponseHost if self.opts.policy is not None else BlockHost
+        self.host = host(self.opts.policy or self.opts.cache, self.opts, self.block_size, self.mask_id)
+        self.whole = self.host if host is ResponseHost else None
 
     def max_steps(self, block_size: int) -> int:
-        """Forwards per block in the synchronous loop: the sampler's most steps + the forward
-        that persists the block (Fast-dLLM: a block of SGLang's may span two of the canvas)."""
+        """Forwards per block in the synchronous loop: the sampler's most + the one persisting the block (a policy
+        over the whole response: a block of SGLang's may span two of the canvas)."""
         return self.sampler.max_steps(block_size, self.steps) * (2 if self.whole else 1) + 1
 
     def init_step_state(self, forward_batch) -> List[Any]:
@@ -141,6 +139,7 @@ class BlockHost(SlotsHost):
     (its sampler rows and policy state kept across blocks and rounds; dLLM-Cache over the block: its features)."""
 
     prompt_only = False  # the batch's blocks hold no mask: nothing to decode
+    literal: frozenset = frozenset()  # slots whose block holds literal prompt [MASK] ids (as -1)
 
     @property
     def needs_requests(self) -> bool:  # a request's steps per block follow from its max_new_tokens
@@ -156,19 +155,22 @@ class BlockHost(SlotsHost):
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
         [MASK] ids excluded), their blocks begun and - dLLM-Cache over the block - the core's plan of the step
         handed to the model (``block_step``; a persisting forward: exact)."""
-        self.bind(model_runner, fb)
-        L, core, dev = self.L, self.core, fb.input_ids.device
-        slots = np.array(fb.req_pool_indices.tolist())
+        L, dev = self.L, fb.input_ids.device
+        self.slots = slots = np.array(fb.req_pool_indices.tolist())
         fresh = np.array([s.fresh for s in states])
-        if fresh.any():
+        if fresh.any():  # a new request always starts with a fresh block
+            self.bind(model_runner, fb)
             f = torch.as_tensor(fresh, device=dev)
             ids, pm = fb.input_ids.view(fb.batch_size, L)[f], fb.dllm_prompt_mask
-            core.start(slots[fresh], 0, L)
-            core.canvas[torch.as_tensor(slots[fresh], device=dev), :L] = ids if pm is None else torch.where(
+            self.core.start(slots[fresh], 0, L)
+            self.core.canvas[torch.as_tensor(slots[fresh], device=dev), :L] = ids if pm is None else torch.where(
                 pm[f] & (ids == self.mask_id), -1, ids)  # literal [MASK] ids inside the prompt: not to decode
+            fs = frozenset(slots[fresh].tolist())
+            self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
             for s in np.asarray(states)[fresh]:
                 s.fresh = False
             self.prompt_only = bool(fresh.all()) and not bool((ids == self.mask_id).any())
+        core = self.core
         live = np.flatnonzero([not s.final for s in states])
         core.begin(slots[live])
         if self.opts.caching:
@@ -189,18 +191,20 @@ class BlockHost(SlotsHost):
         final = np.array([s.final for s in states])
         live = np.flatnonzero(~final)
         if len(live):
-            slots = np.array(fb.req_pool_indices.tolist())[live]
-            logits = full_logits.view(B, L, -1)
+            slots, logits = self.slots[live], full_logits.view(B, L, -1)
             done = core.take(slots, logits if len(live) == B else logits[torch.as_tensor(live, device=logits.device)])
             final[live] = done & ~core.changed[slots]  # ... else its next forward persists it
             for i, s, d in zip(live.tolist(), slots.tolist(), done.tolist()):
                 states[i].final = d
                 if d and core.stores[s] is not None:  # its next forward persists the block (exact)
                     core.stores[s].clear()
-            r = torch.as_tensor(live, device=full_logits.device)
-            ids = fb.input_ids.view(B, L)
+            ids = fb.input_ids.view(B, L)  # commits written in place
             x = core.canvas[torch.as_tensor(slots, device=ids.device), :L]
-            ids[r] = torch.where(x == -1, ids[r], x)  # in place: forward_batch.input_ids
+            if len(live) == B and self.literal.isdisjoint(slots.tolist()):
+                ids.copy_(x)
+            else:
+                r = torch.as_tensor(live, device=ids.device)
+                ids[r] = torch.where(x == -1, ids[r], x)
         return final.tolist()
 
 

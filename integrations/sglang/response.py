@@ -63,17 +63,12 @@ class Response:
     slot: int
     gen: int
     rid: str
-    prompt: torch.Tensor
+    prompt: torch.Tensor  # [P]
     G: int
     feats: PartStores | None = None
 
-    @property
-    def P(self) -> int:
-        return self.prompt.shape[0]
-
-    @property
-    def end(self) -> int:
-        return self.P + self.G
+    def __post_init__(self):
+        self.P, self.end = self.prompt.shape[0], self.prompt.shape[0] + self.G
 
 
 @dataclass

@@ -95,7 +95,7 @@ class DllmSampler:
         read) from its logits rows -> [len(rows)] the canvas is done."""
         st, core, dev = self.states, self.states.slots, self.states.device
         sl, valid = slots[rows], nlog[rows]
-        Lb = np.array([core.config[s].block_length for s in sl.tolist()], dtype=np.int64)
+        Lb = core.block_len[sl]
         if (Lb != Lb[0]).any():  # blocks of different lengths: one take each
             done = np.zeros(len(rows), dtype=bool)
             for b in np.unique(Lb):

@@ -128,7 +128,7 @@ class DllmStates:
 
     def emitted(self, slots: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Tokens each commit emits (the canvas, or its first block when streaming), counted as held."""
-        Lb = np.array([self.slots.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        Lb = self.slots.block_len[slots]
         n = np.where(self.stream[slots], np.minimum(Lb, valid), valid)
         self.held[slots] += n
         self.response_left[slots] -= n
@@ -139,7 +139,7 @@ class DllmStates:
         the blocks of its width (a block-causal canvas: its grid block's prompt tail first, from vLLM's ids)."""
         width = np.array([self.canvas_width(s) for s in slots.tolist()], dtype=np.int64)
         self.phase[slots] = DENOISE
-        Lb = np.array([self.slots.config[s].block_length for s in slots.tolist()], dtype=np.int64)
+        Lb = self.slots.block_len[slots]
         self.slots.start(slots, self.held[slots], width, np.where(self.stream[slots], 1, -(-width // Lb)))
         if self.block_causal:
             self.offset[slots] = tail = self.canvas_len - width
