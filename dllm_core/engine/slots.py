@@ -18,6 +18,7 @@ read. The host keeps the rows of its batch layout (extended rows, pool slots); t
 """
 from __future__ import annotations
 
+import dataclasses
 from collections import OrderedDict
 from dataclasses import dataclass
 
@@ -35,25 +36,25 @@ WORK_KEPT = 4096  # finished requests whose work stays readable (``ResponseSlots
 
 @dataclass(frozen=True)
 class SlotConfig:
-    """What one request's sampler runs with; requests with equal configs step as one batch."""
+    """What one request's sampler runs with: its block, steps per block and its decoding options with what the
+    sampler does not read set to the defaults (``of``); requests with equal configs step as one batch."""
 
-    sampler: Sampler
     block_length: int
     steps: int  # per block (fixed-schedule samplers: the request's total split over its blocks)
-    temperature: float = 0.0
-    top_p: float | None = None
-    top_k: int | None = None
-    logits_eos_inf: bool = False
-    confidence_eos_eot_inf: bool = False
-    eot_id: int | None = None
+    decode: DecodeOptions
 
     @classmethod
     def of(cls, opts: DecodeOptions, plan: ResponsePlan, top_p: float | None = None,
            top_k: int | None = None) -> "SlotConfig":
         """A request's config from its options and response plan (``top_p`` / ``top_k``: a host's own)."""
-        return cls(opts.sampler, plan.block_length, plan.steps_per_block, opts.temperature,
-                   opts.top_p if top_p is None else top_p, opts.top_k if top_k is None else top_k,
-                   opts.logits_eos_inf, opts.confidence_eos_eot_inf, opts.eot_id)
+        sampling = dataclasses.replace(opts, cache="none", block_length=None, steps=None, stream=None, chain=False,
+                                       seed=0, top_p=opts.top_p if top_p is None else top_p,
+                                       top_k=opts.top_k if top_k is None else top_k)
+        return cls(plan.block_length, plan.steps_per_block, sampling)
+
+    @property
+    def sampler(self) -> Sampler:
+        return self.decode.sampler
 
 
 class ResponseSlots:
@@ -72,11 +73,12 @@ class ResponseSlots:
         self.block_len = np.ones(n_slots, dtype=np.int64)  # each slot's block length
         self.group = np.full(n_slots, -1, dtype=np.int64)  # each slot's config, as an index into ``configs``
         self.configs: list[SlotConfig] = []
+        self.config_ids: dict[SlotConfig, int] = {}
         self.config: list[SlotConfig | None] = [None] * n_slots
         self.host: list[HostRequest | None] = [None] * n_slots
         self.stores: list[PartStores | None] = [None] * n_slots
         self.rid: list[str | None] = [None] * n_slots
-        self.states: dict[SlotConfig, SlotStates] = {}
+        self.states: dict[tuple, SlotStates] = {}
         self.contexts: dict[SlotConfig, TokenContext] = {}
         self.aranges: dict[int, torch.Tensor] = {}
         self.generator = torch.Generator(device).manual_seed(seed)
@@ -115,9 +117,10 @@ class ResponseSlots:
               stores: PartStores | None = None) -> None:
         """A new request in ``slot``: fresh sampler rows and work counters."""
         self.config[slot], self.host[slot], self.stores[slot], self.rid[slot] = config, host, stores, rid
-        if config not in self.configs:
+        gid = self.config_ids.setdefault(config, len(self.configs))
+        if gid == len(self.configs):
             self.configs.append(config)
-        self.group[slot], self.block_len[slot] = self.configs.index(config), config.block_length
+        self.group[slot], self.block_len[slot] = gid, config.block_length
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         self.sampler_states(config).reset(torch.tensor([slot], device=self.device))
 
@@ -148,17 +151,21 @@ class ResponseSlots:
 
     # ---- the loop ------------------------------------------------------------------------------------
     def sampler_states(self, c: SlotConfig) -> SlotStates:
-        ss = self.states.get(c)
+        """The sampler rows of ``c``'s sampler, block length and steps (configs that differ in proposal knobs only
+        share them)."""
+        key = (c.sampler, c.block_length, c.steps)
+        ss = self.states.get(key)
         if ss is None:
-            ss = self.states[c] = SlotStates(c.sampler, c.block_length, c.steps, self.device)
+            ss = self.states[key] = SlotStates(c.sampler, c.block_length, c.steps, self.device)
         ss.grow(self.n_slots)
         return ss
 
     def token_context(self, c: SlotConfig) -> TokenContext:
         tc = self.contexts.get(c)
         if tc is None:
-            tc = self.contexts[c] = TokenContext(self.mask_id, c.temperature, c.top_p, c.top_k, self.eos_id,
-                                                 c.eot_id, c.logits_eos_inf, c.confidence_eos_eot_inf, self.generator)
+            d = c.decode
+            tc = self.contexts[c] = TokenContext(self.mask_id, d.temperature, d.top_p, d.top_k, self.eos_id, d.eot_id,
+                                                 d.logits_eos_inf, d.confidence_eos_eot_inf, self.generator)
         return tc
 
     def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray, SlotConfig]]:

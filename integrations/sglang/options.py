@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
-from dllm_core.cache import CachePolicy, registry
+from dllm_core.cache import CachePolicy, host_cache, registry
 from dllm_core.cache.canvas import CanvasCache
 from dllm_core.engine.request import DecodeOptions, ResponsePlan
 from dllm_core.options import OptionError, check_value, parse_spec
@@ -45,7 +45,7 @@ def parse_policy(algo: str, value) -> CachePolicy:
         pol = parse_spec(spec, found, where)
     except OptionError as e:  # dllm_core names its CLI flag; name the YAML key instead
         raise ValueError(e.under(where)) from None
-    return pol if pol.refreshes_prefix else CanvasCache.from_spec(pol, where)
+    return host_cache(pol, where)  # the core's rule: the block canvas unless the policy refreshes the prefix
 
 
 DEFAULT_POLICY = "dual"  # no `cache` on our model classes: the whole response, Fast-dLLM's dual
