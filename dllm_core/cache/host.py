@@ -69,9 +69,17 @@ class HostPart:
     def length(self) -> int:
         return self.end - self.start
 
+    def scheduled(self, layer: int) -> tuple[bool, bool]:
+        """(every position recomputed, V-verify pick runs) in ``layer`` by the schedule alone."""
+        return self.schedule(layer) if self.schedule is not None else (False, False)
+
+    def recomputes(self, layer: int) -> bool:
+        """Whether ``layer`` recomputes any position of the part (besides a V-verify pick): host values, no read."""
+        return self.scheduled(layer)[0] or self.always[1] > self.always[0]
+
     def layer(self, layer: int, device) -> tuple[torch.Tensor, list[bool]]:
         """The part's plan in ``layer``, as the executor's ``Region.plan`` wants it: ([1, n] bool, [verify])."""
-        full, verify = self.schedule(layer) if self.schedule is not None else (False, False)
+        full, verify = self.scheduled(layer)
         rec = torch.full((1, self.length), full, dtype=torch.bool, device=device)
         if not full and self.always[1] > self.always[0]:
             rec[:, self.always[0]:self.always[1]] = True
@@ -188,11 +196,7 @@ class PackedStep:
 
     def recomputed(self, part: int, layer: int) -> bool:
         """Whether ``layer`` recomputes any position of part ``part`` of some request (host ints: no read)."""
-        for parts in self.parts:
-            full, _ = parts[part].schedule(layer) if parts[part].schedule is not None else (False, False)
-            if full or parts[part].always[1] > parts[part].always[0]:
-                return True
-        return False
+        return any(parts[part].recomputes(layer) for parts in self.parts)
 
     def rows(self, starts: list[int], width: int, shift: int = 0) -> torch.Tensor:
         """The rows whose hidden states predict positions [start, start + width) of each request: [m, width]

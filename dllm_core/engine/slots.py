@@ -175,12 +175,13 @@ class ResponseSlots:
             return [(np.arange(len(slots)), self.configs[g[0]])]
         return [(np.flatnonzero(g == c), self.configs[c]) for c in np.unique(g)]
 
-    def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray, blocks: np.ndarray | None = None) -> None:
-        """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions:
-        ``blocks`` blocks (default: those covering ``width``)."""
+    def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray) -> None:
+        """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions: the
+        blocks covering it, or one block for a streamed request (it emits each block; the next canvas is the rest)."""
         self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)] = self.mask_id
         self.block[slots], self.new[slots] = 0, True
-        self.n_blocks[slots] = -(-np.asarray(width) // self.block_len[slots]) if blocks is None else blocks
+        stream = np.array([self.host[s].stream for s in slots.tolist()], dtype=bool)
+        self.n_blocks[slots] = np.where(stream, 1, -(-np.asarray(width) // self.block_len[slots]))
         for s, p in zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist()):
             self.host[s].begin_canvas(p)
 

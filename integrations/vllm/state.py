@@ -139,8 +139,7 @@ class DllmStates:
         the blocks of its width (a block-causal canvas: its grid block's prompt tail first, from vLLM's ids)."""
         width = np.array([self.canvas_width(s) for s in slots.tolist()], dtype=np.int64)
         self.phase[slots] = DENOISE
-        Lb = self.slots.block_len[slots]
-        self.slots.start(slots, self.held[slots], width, np.where(self.stream[slots], 1, -(-width // Lb)))
+        self.slots.start(slots, self.held[slots], width)
         if self.block_causal:
             self.offset[slots] = tail = self.canvas_len - width
             for s, t in zip(slots.tolist(), tail.tolist()):
