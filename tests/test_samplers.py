@@ -33,6 +33,28 @@ def test_threshold_never_commits_below_tau_except_forced_top1(seed):
     assert (got == masked & (conf >= 0.8) | below).all()
 
 
+@pytest.mark.parametrize("spec", sorted(SAMPLERS) + ["threshold:tau=0.9,edit=0.5,post_edit=2",
+                                                      "factor:f=1.0,edit=0.5,post_edit=0"])
+def test_commits_fall_in_active_rows_only(spec):
+    """Sampler.step's contract (take_step commits what it returns without masking by rows): rows without masks,
+    or finished editing rows, commit nothing, whatever their logits."""
+    sampler, L, B, mask = make_sampler(spec), 8, 6, 0
+    g = torch.Generator().manual_seed(3)
+    x = torch.randint(1, 20, (B, L), generator=g)
+    x[:3, 2:] = mask  # rows 0-2 decode; rows 3-5 have no mask at all
+    st = sampler.new_state(B, L, 4, "cpu")
+    sampler.begin_block(st, x == mask)
+    tc, seen = TokenContext(mask_id=mask), 0
+    for _ in range(L + 4):
+        active = sampler.active(st, x == mask)
+        logits = torch.randn(B, L, 20, generator=g) * 3
+        x0, commit = sampler.step(logits, x, st, tc)
+        assert not (commit & ~active[:, None]).any()
+        seen += int(commit.any())
+        x = torch.where(commit, x0, x)
+    assert seen > 0 and not (x == mask).any()
+
+
 def test_factor_rule_n():
     # sorted 0.99, 0.8, 0.7, 0.5: n=2 -> 3 * 0.2 = 0.6 < 1; n=3 -> 4 * 0.3 = 1.2 >= 1 -> commit 2
     conf = T([[0.7, 0.99, 0.5, 0.8], [0.1, 0.2, 0.3, 0.05], [0.99, 0.99, 0.98, 0.97]])

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from ..cache.executor import PartStores
 from ..cache.host import HostPlan, HostRequest
@@ -80,7 +81,9 @@ class ResponseSlots:
         self.rid: list[str | None] = [None] * n_slots
         self.states: dict[tuple, SlotStates] = {}
         self.contexts: dict[SlotConfig, TokenContext] = {}
+        self.runs: list[tuple[SlotStates, TokenContext]] = []  # per config id: its sampler rows and token context
         self.aranges: dict[int, torch.Tensor] = {}
+        self._index: tuple[tuple, torch.Tensor] = ((), torch.zeros(0, dtype=torch.long, device=device))
         self.generator = torch.Generator(device).manual_seed(seed)
         # work (the embedded engine's ``Counters`` units): rows x layers run through a full layer (device, summed
         # without a sync; + 1 row: a host's padding rows), forwards taken part in, what the uncached loop runs
@@ -120,9 +123,12 @@ class ResponseSlots:
         gid = self.config_ids.setdefault(config, len(self.configs))
         if gid == len(self.configs):
             self.configs.append(config)
+            self.runs.append((self.sampler_states(config), self.token_context(config)))
         self.group[slot], self.block_len[slot] = gid, config.block_length
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
-        self.sampler_states(config).reset(torch.tensor([slot], device=self.device))
+        for ss, _ in self.runs:  # every config's rows cover every slot
+            ss.grow(self.n_slots)
+        self.runs[gid][0].reset(torch.tensor([slot], device=self.device))
 
     def release(self, slot: int) -> None:
         """The request in ``slot`` ended: its work kept by request id (the last ``WORK_KEPT``); state freed."""
@@ -168,17 +174,32 @@ class ResponseSlots:
                                                  d.logits_eos_inf, d.confidence_eos_eot_inf, self.generator)
         return tc
 
-    def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray, SlotConfig]]:
-        """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config)]."""
+    def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray | None, int]]:
+        """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config id)];
+        positions None: all of ``slots``."""
         g = self.group[slots]
         if (g == g[0]).all():
-            return [(np.arange(len(slots)), self.configs[g[0]])]
-        return [(np.flatnonzero(g == c), self.configs[c]) for c in np.unique(g)]
+            return [(None, int(g[0]))]
+        return [(np.flatnonzero(g == c), int(c)) for c in np.unique(g)]
 
-    def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray) -> None:
+    def index(self, slots: np.ndarray) -> torch.Tensor:
+        """``slots`` as a device index [m] (the last one kept: a host's batch repeats step after step)."""
+        key = tuple(slots.tolist())
+        if key != self._index[0]:
+            self._index = (key, torch.as_tensor(slots, dtype=torch.long, device=self.device))
+        return self._index[1]
+
+    def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray,
+              tokens: torch.Tensor | None = None) -> None:
         """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions: the
-        blocks covering it, or one block for a streamed request (it emits each block; the next canvas is the rest)."""
-        self.canvas[torch.as_tensor(slots, dtype=torch.long, device=self.device)] = self.mask_id
+        blocks covering it, or one block for a streamed request (it emits each block; the next canvas is the rest).
+        ``tokens`` [k, t]: the canvas's first t columns as the host holds them (the rest: masks)."""
+        idx, W = self.index(slots), self.canvas.shape[1]
+        if tokens is None:
+            self.canvas[idx] = self.mask_id
+        else:
+            self.canvas[idx] = tokens if tokens.shape[1] == W else F.pad(tokens, (0, W - tokens.shape[1]),
+                                                                         value=self.mask_id)
         self.block[slots], self.new[slots] = 0, True
         stream = np.array([self.host[s].stream for s in slots.tolist()], dtype=bool)
         self.n_blocks[slots] = np.where(stream, 1, -(-np.asarray(width) // self.block_len[slots]))
@@ -188,17 +209,18 @@ class ResponseSlots:
     def begin(self, slots: np.ndarray, valid: np.ndarray | None = None) -> None:
         """``Sampler.begin_block`` for the rows of ``slots`` whose block starts at this step (``valid``: the canvas
         columns that exist; positions past it are not decoded)."""
-        new = slots[self.new[slots]]
-        if not len(new):
+        fresh = self.new[slots]
+        if not fresh.any():
             return
-        v = None if valid is None else np.asarray(valid)[self.new[slots]]
-        for pos, c in self.groups(new):
-            s = new[pos]
-            idx, cols = self._blocks(s, c.block_length)
-            masked = self.canvas[idx[:, None], cols] == self.mask_id  # [k, Lb]
+        new = slots[fresh]
+        v = None if valid is None else np.asarray(valid)[fresh]
+        for pos, gid in self.groups(new):
+            s, c = (new if pos is None else new[pos]), self.configs[gid]
+            idx, cols = self._blocks(s, c.block_length, v is not None)
+            masked = self._read(idx, cols) == self.mask_id  # [k, Lb]
             if v is not None:
-                masked &= cols < torch.as_tensor(v[pos], device=self.device)[:, None]
-            self.sampler_states(c).begin_block(idx, masked)
+                masked &= cols < torch.as_tensor(v if pos is None else v[pos], device=self.device)[:, None]
+            self.runs[gid][0].begin_block(idx, masked, tuple(s.tolist()))
             self.focus[s] = (0, c.block_length)  # a block's first step is about all of it
             for h in (self.host[x] for x in s.tolist()):
                 h.begin_block()
@@ -222,28 +244,28 @@ class ResponseSlots:
         on. -> [m] bool: the row's canvas is decoded.
         ``valid``: canvas columns that exist (positions past it are padding, never decoded). One device read."""
         read, parts = [], []
-        for pos, c in self.groups(slots):
-            s = slots[pos]
-            idx, cols = self._blocks(s, c.block_length)
-            x0 = self.canvas[idx[:, None], cols]  # [k, Lb]
+        for pos, gid in self.groups(slots):
+            s, c, (ss, tc) = (slots if pos is None else slots[pos]), self.configs[gid], self.runs[gid]
+            idx, cols = self._blocks(s, c.block_length, valid is not None)
+            x0 = self._read(idx, cols)  # [k, Lb]
             if valid is not None:
-                x0 = torch.where(cols < torch.as_tensor(np.asarray(valid)[pos], device=self.device)[:, None], x0,
-                                 self.pad_id)
-            ss, key = self.sampler_states(c), tuple(s.tolist())
+                v = np.asarray(valid) if pos is None else np.asarray(valid)[pos]
+                x0 = torch.where(cols < torch.as_tensor(v, device=self.device)[:, None], x0, self.pad_id)
+            key = tuple(s.tolist())
             st = ss.gather(idx, key)
-            lg = logits if len(pos) == len(slots) else logits[torch.as_tensor(pos, device=logits.device)]
-            x, done = denoise_step(c.sampler, st, lg, x0, self.token_context(c), self._window(s, c), check=False)
+            lg = logits if pos is None else logits[torch.as_tensor(pos, device=logits.device)]
+            x, done = denoise_step(c.sampler, st, lg, x0, tc, self._window(s, c), check=False)
             ss.scatter(idx, st, key)
-            self.canvas[idx[:, None], cols] = x
+            self._write(idx, cols, x)
             bad = stuck(c.sampler, st, lambda: x == self.mask_id)
             read += [done, (x != x0).any(-1), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
                      *(() if bad is None else (bad,))]
-            parts.append((pos, s, c, bad is not None))
+            parts.append((slice(None) if pos is None else pos, s, c, bad is not None))
         flat = torch.cat(read).numpy(force=True) if read else np.zeros(0, dtype=np.int64)  # the one device read
         done_canvas = np.zeros(len(slots), dtype=bool)
         at = 0
         for pos, s, c, checked in parts:
-            k = len(pos)
+            k = len(s)
             done, self.changed[s] = flat[at:at + k] != 0, flat[at + k:at + 2 * k] != 0
             at += 2 * k
             if c.sampler.moves_focus:
@@ -258,12 +280,23 @@ class ResponseSlots:
             done_canvas[pos] = self.block[s] >= self.n_blocks[s]
         return done_canvas
 
-    def _blocks(self, slots: np.ndarray, L: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(slot index [k], canvas columns of each row's block [k, L])."""
-        idx = torch.as_tensor(slots, dtype=torch.long, device=self.device)
-        if not self.block[slots].any():  # every row in its first block
-            return idx, self._arange(L).expand(len(slots), L)
-        return idx, torch.as_tensor(self.block[slots] * L, device=self.device)[:, None] + self._arange(L)
+    def _blocks(self, slots: np.ndarray, L: int, columns: bool = False) -> tuple[torch.Tensor, slice | torch.Tensor]:
+        """(slot index [k], canvas columns of each row's block: a slice when every row is in the same block and
+        ``columns`` is not asked for, else [k, L])."""
+        idx = self.index(slots)
+        b = self.block[slots]
+        if not columns and (b == b[0]).all():
+            return idx, slice(int(b[0]) * L, int(b[0] + 1) * L)
+        return idx, torch.as_tensor(b * L, device=self.device)[:, None] + self._arange(L)
+
+    def _read(self, idx: torch.Tensor, cols: slice | torch.Tensor) -> torch.Tensor:
+        return self.canvas[idx, cols] if isinstance(cols, slice) else self.canvas[idx[:, None], cols]
+
+    def _write(self, idx: torch.Tensor, cols: slice | torch.Tensor, x: torch.Tensor) -> None:
+        if isinstance(cols, slice):
+            self.canvas[idx, cols] = x
+        else:
+            self.canvas[idx[:, None], cols] = x
 
     def _arange(self, L: int) -> torch.Tensor:
         a = self.aranges.get(L)

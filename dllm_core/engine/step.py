@@ -49,15 +49,21 @@ def take_step(sampler: Sampler, st: dict, plan: StepPlan, logits: torch.Tensor, 
               tc: TokenContext, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """logits [B, W, V] of ``plan.window``, x [B, L] block tokens -> (x [B, L], done [B] bool).
 
-    Commits only in active rows; a variable-step rule that leaves masks after L steps is an error
-    (every step of such a rule commits at least one token)."""
-    lo, hi = plan.window
-    x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)
+    Commits only in active rows (``Sampler.step``'s contract); a variable-step rule that leaves masks after L steps
+    is an error (every step of such a rule commits at least one token)."""
+    return _commit(sampler, st, plan.window, logits, x, tc, check)
+
+
+def _commit(sampler: Sampler, st: dict, window: tuple[int, int], logits: torch.Tensor, x: torch.Tensor,
+            tc: TokenContext, check: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    lo, hi = window
     if (lo, hi) == (0, x.shape[1]):  # the whole block
-        x = torch.where(commit & plan.active[:, None], x0, x)
+        x0, commit = sampler.step(logits, x, st, tc)
+        x = torch.where(commit, x0, x)
     else:
+        x0, commit = sampler.step(logits, x[:, lo:hi], st, tc, lo)
         x = x.clone()
-        x[:, lo:hi] = torch.where(commit & plan.active[:, None], x0, x[:, lo:hi])
+        x[:, lo:hi] = torch.where(commit, x0, x[:, lo:hi])
     masked = x == tc.mask_id
     if check and (bad := stuck(sampler, st, masked)) is not None and bool(bad.any()):
         raise stuck_error(sampler, x.shape[1])
@@ -82,9 +88,10 @@ def denoise_step(sampler: Sampler, st: dict, logits: torch.Tensor, x: torch.Tens
                  window: tuple[int, int] | None = None, check: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """A host engine's step with the whole block's logits [B, L, V]: plan + take_step (``window``: the union of
     the rows' windows when the caller knows it; ``check``: read the ``stuck`` rule here)."""
-    plan = plan_step(sampler, st, x == tc.mask_id, window)
-    lo, hi = plan.window
-    return take_step(sampler, st, plan, logits[:, lo:hi], x, tc, check)
+    if window is None:
+        window = plan_step(sampler, st, x == tc.mask_id).window
+    lo, hi = window
+    return _commit(sampler, st, window, logits if (lo, hi) == (0, x.shape[1]) else logits[:, lo:hi], x, tc, check)
 
 
 class SlotStates:
@@ -149,8 +156,9 @@ class SlotStates:
             self.sampler.begin_block(st, masked)
         self.scatter(slots, st)
 
-    def begin_block(self, slots: torch.Tensor, masked: torch.Tensor) -> None:
-        """``Sampler.begin_block`` for the rows of ``slots``; masked [m, L]."""
-        st = self.gather(slots)
+    def begin_block(self, slots: torch.Tensor, masked: torch.Tensor, key: tuple | None = None) -> None:
+        """``Sampler.begin_block`` for the rows of ``slots``; masked [m, L] (``key``: the batch is held, as by
+        ``gather``)."""
+        st = self.gather(slots, key)
         self.sampler.begin_block(st, masked)
-        self.scatter(slots, st)
+        self.scatter(slots, st, key)

@@ -25,6 +25,7 @@ import torch
 from ..options import OptionError, check_min
 
 NEG = -math.inf
+LOWEST = -3e38  # a confidence below every other, above NEG
 CONFIDENCES = ("low_confidence", "random", "maskgit_plus", "topk_margin", "entropy")
 
 
@@ -97,11 +98,12 @@ def confidence(kind: str, logits: torch.Tensor, x0: torch.Tensor, tc: TokenConte
             c = (p * p.clamp_min(1e-30).log()).sum(-1)
         else:
             raise ValueError(f"confidence must be one of {list(CONFIDENCES)}, got {kind!r}")
-    if tc.confidence_eos_eot_inf:
+    c = c if c.dtype == torch.float32 else c.float()
+    if tc.confidence_eos_eot_inf:  # lowest, yet finite: still above every unmasked position (``masked_score``)
         for t in (tc.eos_id, tc.eot_id):
             if t is not None:
-                c = c.masked_fill(x0 == t, NEG)
-    return c.float()
+                c = c.masked_fill(x0 == t, LOWEST)
+    return c
 
 
 def rank_desc(score: torch.Tensor) -> torch.Tensor:
@@ -110,8 +112,8 @@ def rank_desc(score: torch.Tensor) -> torch.Tensor:
 
 
 def masked_score(conf: torch.Tensor, masked: torch.Tensor) -> torch.Tensor:
-    """Scores where every masked position (even one at -inf) ranks above every unmasked one."""
-    return conf.clamp_min(-3e38).masked_fill(~masked, NEG)
+    """Scores where every masked position ranks above every unmasked one (``confidence`` is never -inf)."""
+    return torch.where(masked, conf, NEG)
 
 
 def top_n(score: torch.Tensor, masked: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
@@ -168,14 +170,16 @@ class Sampler:
         return 0, st["L"]
 
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
-        """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool)."""
+        """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool). Commits fall in ``active``
+        rows only (a rule commits masked positions; an inactive row has none, or - editing - is finished)."""
         return self.scored_step(logits, x, st, tc, lo)[:2]
 
-    def scored_step(self, logits, x, st, tc, lo: int = 0):
-        """``step`` that also returns the confidences it ranked: (x0, commit, conf [B, W] float32)."""
+    def scored_step(self, logits, x, st, tc, lo: int = 0, masked: torch.Tensor | None = None):
+        """``step`` that also returns the confidences it ranked: (x0, commit, conf [B, W] float32); ``masked``:
+        ``x == mask_id`` when the caller has it."""
         x0 = propose(logits, tc)
         conf = confidence(self.confidence, logits, x0, tc)
-        commit = self.select(conf, x == tc.mask_id, st, lo)
+        commit = self.select(conf, x == tc.mask_id if masked is None else masked, st, lo)
         st["i"] += 1
         st["n"] += 1
         return x0, commit, conf

@@ -24,10 +24,11 @@ from .base import Sampler, TokenContext
 from ..options import check_min, check_range
 
 
-def edit_commit(p: torch.Tensor, x0: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, frozen: torch.Tensor,
+def edit_commit(p: torch.Tensor, x0: torch.Tensor, x: torch.Tensor, masked: torch.Tensor, free: torch.Tensor,
                 tau: float) -> torch.Tensor:
-    """T2T: committed, editable positions whose proposal x0 differs with probability p > tau. [B, W] -> [B, W]."""
-    return (p > tau) & (x0 != x) & ~masked & ~frozen
+    """T2T: committed, editable positions whose proposal x0 differs with probability p > tau. [B, W] -> [B, W].
+    ``free``: the positions that were masks when the block began (``masked`` lies within them)."""
+    return (p > tau) & (x0 != x) & (free ^ masked)
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ class Editable(Sampler):
         if self.edit is not None:
             st.update(fin=torch.zeros(batch, dtype=torch.bool, device=device),
                       post=torch.zeros(batch, dtype=torch.long, device=device),
-                      frozen=torch.zeros(batch, block_len, dtype=torch.bool, device=device))
+                      free=torch.zeros(batch, block_len, dtype=torch.bool, device=device))
         return st
 
     def begin_block(self, st, masked):
         super().begin_block(st, masked)
         if self.edit is not None:
-            st["frozen"] = ~masked
+            st["free"] = masked
             st["post"] = torch.zeros_like(st["post"])
             st["fin"] = ~masked.any(-1)  # a block without masks has nothing to decode
 
@@ -71,17 +72,18 @@ class Editable(Sampler):
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         if self.edit is None:
             return super().step(logits, x, st, tc, lo)
-        x0, m2t, conf = self.scored_step(logits, x, st, tc, lo)
-        masked, run = x == tc.mask_id, ~st["fin"]  # [B, W], [B]
-        has = masked.any(-1)
-        post = st["post"] + (run & ~has)
-        spent = ~has & (post > self.post_edit)
+        masked, fin = x == tc.mask_id, st["fin"]  # [B, W], [B]
+        x0, m2t, conf = self.scored_step(logits, x, st, tc, lo, masked)
+        post = st["post"] + ~(fin | masked.any(-1))  # a running row without masks spends a post-edit step
+        # rows that may commit: running, post-edit budget not spent (post > 0 only once the block has no mask)
+        go = ~(fin | (post > self.post_edit))  # [B]
         if self.confidence == "low_confidence" and not tc.confidence_eos_eot_inf:  # the same probability, ranked
-            p = conf.to(logits.dtype)
+            p = conf if conf.dtype == logits.dtype else conf.to(logits.dtype)
         else:
             p = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]  # probability of the proposal
-        t2t = edit_commit(p, x0, x, masked, st["frozen"][:, lo:lo + x.shape[1]], self.edit)
-        commit = (m2t | t2t) & (run & ~spent)[:, None]
-        st["post"] = torch.where(run, post, st["post"])
-        st["fin"] = st["fin"] | (run & ~commit.any(-1))
+        free = st["free"]
+        if lo or x.shape[1] != free.shape[1]:
+            free = free[:, lo:lo + x.shape[1]]
+        commit = (m2t | edit_commit(p, x0, x, masked, free, self.edit)) & go[:, None]
+        st["post"], st["fin"] = post, fin | ~commit.any(-1)  # a running row's block ends at a step changing nothing
         return x0, commit

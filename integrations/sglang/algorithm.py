@@ -139,6 +139,11 @@ class BlockHost(SlotsHost):
     (its sampler rows and policy state kept across blocks and rounds; dLLM-Cache over the block: its features)."""
 
     prompt_only = False  # the batch's blocks hold no mask: nothing to decode
+    fb: tuple | None = None  # the batch in flight and its pool indices (its slots: ``slots``)
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.configs: dict = {}  # ResponsePlan -> SlotConfig (one per distinct plan, built once)
     literal: frozenset = frozenset()  # slots whose block holds literal prompt [MASK] ids (as -1)
 
     @property
@@ -149,27 +154,37 @@ class BlockHost(SlotsHost):
         plan = self.opts.response(req.sampling_params.max_new_tokens if self.needs_requests else self.L, self.L)
         stores = None if not self.opts.caching else PartStores(
             len(model.layers), model.layers[0].self_attn.kv_size, model.args.dim, model.embed.weight)
-        self.core.admit(slot, SlotConfig.of(self.opts.decode, plan), HostRequest(self.policy, 0), stores=stores)
+        config = self.configs.get(plan)
+        if config is None:
+            config = self.configs[plan] = SlotConfig.of(self.opts.decode, plan)
+        self.core.admit(slot, config, HostRequest(self.policy, 0), stores=stores)
 
     def prepare(self, model_runner, fb, states: List[RowState]) -> None:
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
         [MASK] ids excluded), their blocks begun and - dLLM-Cache over the block - the core's plan of the step
         handed to the model (``block_step``; a persisting forward: exact)."""
         L, dev = self.L, fb.input_ids.device
-        self.slots = slots = np.array(fb.req_pool_indices.tolist())
-        fresh = np.array([s.fresh for s in states])
+        held = self.fb  # the same batch steps until its blocks are done
+        if held is None or held[0] is not fb or held[1] is not fb.req_pool_indices:
+            self.fb, self.slots = (fb, fb.req_pool_indices), np.array(fb.req_pool_indices.tolist())
+        slots, fresh = self.slots, np.array([s.fresh for s in states])
         if fresh.any():  # a new request always starts with a fresh block
-            self.bind(model_runner, fb)
-            f = torch.as_tensor(fresh, device=dev)
-            ids, pm = fb.input_ids.view(fb.batch_size, L)[f], fb.dllm_prompt_mask
-            self.core.start(slots[fresh], 0, L)
-            self.core.canvas[torch.as_tensor(slots[fresh], device=dev), :L] = ids if pm is None else torch.where(
-                pm[f] & (ids == self.mask_id), -1, ids)  # literal [MASK] ids inside the prompt: not to decode
-            fs = frozenset(slots[fresh].tolist())
-            self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
             for s in np.asarray(states)[fresh]:
                 s.fresh = False
-            self.prompt_only = bool(fresh.all()) and not bool((ids == self.mask_id).any())
+            whole, ids = bool(fresh.all()), fb.input_ids.view(fb.batch_size, L)
+            f = None if whole else torch.as_tensor(fresh, device=dev)
+            ids = ids if whole else ids[f]
+            self.prompt_only = whole and not bool((ids == self.mask_id).any())
+            if self.prompt_only:  # prompt blocks: nothing to decode (a new request is admitted at its first mask)
+                if self.opts.caching:
+                    model_runner.model.block_step = None
+                return
+            self.bind(model_runner, fb)
+            pm = fb.dllm_prompt_mask  # literal [MASK] ids inside the prompt: not to decode (-1)
+            self.core.start(slots[fresh], 0, L, ids if pm is None else torch.where(
+                (pm if whole else pm[f]) & (ids == self.mask_id), -1, ids))
+            fs = frozenset(slots[fresh].tolist())
+            self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
         core = self.core
         live = np.flatnonzero([not s.final for s in states])
         core.begin(slots[live])
@@ -199,7 +214,7 @@ class BlockHost(SlotsHost):
                 if d and core.stores[s] is not None:  # its next forward persists the block (exact)
                     core.stores[s].clear()
             ids = fb.input_ids.view(B, L)  # commits written in place
-            x = core.canvas[torch.as_tensor(slots, device=ids.device), :L]
+            x = core.canvas[core.index(slots), :L]
             if len(live) == B and self.literal.isdisjoint(slots.tolist()):
                 ids.copy_(x)
             else:

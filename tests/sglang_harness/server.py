@@ -73,7 +73,22 @@ class SGLangServer:
     def __exit__(self, *exc) -> None:
         self.stop()
 
-    def start(self) -> None:
+    def start(self, tries: int = 3) -> None:
+        """Launch and wait until healthy; a port taken meanwhile (the server's own internal ports are picked after
+        ours) is retried on a fresh one."""
+        for _ in range(tries - 1):
+            if self._start():
+                return
+            self.stop()
+            self.port = free_port()
+            self.url = f"http://127.0.0.1:{self.port}"
+            self.command[self.command.index("--port") + 1] = str(self.port)
+        if not self._start():
+            raise ServerExited(-1, self.log())
+
+    def _start(self) -> bool:
+        """False: the HTTP port was taken before the server bound it."""
+        taken = f"('127.0.0.1', {self.port}): address already in use"
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command, cwd=ROOT, env=harness_env(), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
@@ -83,9 +98,10 @@ class SGLangServer:
                 raise ServerExited(self.proc.returncode, self.log())
             try:
                 if self.get("/health")[0] == 200:
-                    return
+                    return True
             except OSError:
-                pass
+                if taken in self.log():
+                    return False
             time.sleep(1.0)
         procs = subprocess.run(["ps", "-o", "pid,stat,etime,pcpu,cmd", "-g", str(self.proc.pid)],
                                capture_output=True, text=True).stdout
