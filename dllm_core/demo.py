@@ -16,6 +16,8 @@ from pathlib import Path
 from .bench import DEFAULT_CACHES, DEFAULT_MODEL, DEFAULT_SAMPLERS, LONG_MODEL, QUICK, Workload, markdown, run_grid, \
     task_workloads
 
+SHORT_NOTE = ("Short answers (a few dozen tokens) on a tiny model: a cache's bookkeeping costs about what it saves, "
+              "so a sampler alone is fastest here; caches pay on long responses and long prompts.")
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 SHOW = 2  # generations shown per task
 TASKS = "arithmetic;sort"  # the main part (models/llada-tasks); retrieval is the long part's (models/llada-long)
@@ -95,6 +97,8 @@ def cmd_demo(a) -> int:
         random_demo(a)
     else:
         task_demo(a, d, a.tasks, a.n, a.samplers, a.caches)
+        if a.model is None:
+            print(SHORT_NOTE)
         if a.model is None and not a.no_long and (LONG_MODEL / "config.json").is_file():
             from .tasks import LONG_TASKS
 

@@ -20,6 +20,7 @@ def test_demo_shows_marked_generations_and_the_table(capsys):
     assert [r.split(" | ")[:2] for r in table] == [["| `low_confidence`", "`none`"], ["| `threshold:tau=0.9`", "`none`"],
                                                   ["| `threshold:tau=0.9`", "`dual`"]]
     assert "long answers" not in out and LONG_MODEL.name == "llada-long"
+    assert "caches pay on long responses" in out  # why a cache is slower than its sampler alone here
 
 
 def test_demo_llada2_part(capsys):
