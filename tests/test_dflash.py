@@ -443,6 +443,19 @@ def test_default_target_layers():
         spread_layer_ids(2, 3)
 
 
+def test_drafter_runs_in_its_targets_dtype():
+    """The hosts' rule: a drafter's dtype is its target's (a name or a torch dtype), whatever its config.json
+    names; a dtype no drafter runs in is refused naming the host's option and the allowed values."""
+    from dllm_core.drafters import drafter_dtype
+
+    assert drafter_dtype(torch.float32, "--dtype") is torch.float32
+    assert drafter_dtype("bfloat16", "--dtype") is torch.bfloat16
+    assert drafter_dtype(torch.float16, "--dtype") is torch.float16
+    with pytest.raises(ValueError, match=r"^dtype: a drafter runs in its target's dtype, got float64; "
+                                         r"allowed: \['float32', 'bfloat16', 'float16'\]$"):
+        drafter_dtype(torch.float64, "dtype")
+
+
 def test_train_config_errors(tmp_path):
     with pytest.raises(ValueError, match="--init must be one of \\['random', 'target'\\]"):
         DFlashTrainConfig(target="t", out="o", init="copy")

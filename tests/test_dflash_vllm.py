@@ -109,6 +109,21 @@ def test_vllm_dflash_greedy_identical_with_acceptance(llm, pair):
     assert abs(tau_vllm - pair["tau"]) < 0.15 * pair["tau"]
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_vllm_drafter_follows_the_engine_dtype(pair, dtype):
+    """vLLM builds the drafter's ModelConfig in the target's dtype (``SpeculativeConfig``: ``dtype=
+    target_model_config.dtype``), the core's rule, whatever the drafter's config.json names (the shipped one:
+    bfloat16, the target's training dtype). The float32 engine above runs it so, token-identical."""
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+    from dllm_core.drafters import drafter_dtype
+
+    target = ModelConfig(model=str(pair["target"]), dtype=dtype, max_model_len=1024)
+    spec = SpeculativeConfig(method="dflash", model=str(pair["drafter"]), num_speculative_tokens=SPEC_TOKENS,
+                             target_model_config=target, target_parallel_config=ParallelConfig())
+    assert spec.draft_model_config.dtype == target.dtype == drafter_dtype(dtype, "dtype")
+
+
 def test_sglang_parses_our_config(pair):
     """SGLang's DFLASH config parser (sglang.srt.speculative.dflash_utils) accepts our config.json."""
     pytest.importorskip("sglang")

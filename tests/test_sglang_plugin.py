@@ -44,8 +44,10 @@ def test_entry_point_registers_everything_in_a_fresh_process(ckpt, tmp_path):
         before = sorted(algo_name_to_cls)
         from sglang.srt.plugins import load_plugins
         load_plugins()
+        from sglang.srt.arg_groups import speculative_hook
         from sglang.srt.dllm.config import DllmConfig
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch
+        from sglang.srt.model_executor.model_runner import ModelRunner
         from sglang.srt.model_loader import utils
         from sglang.srt.server_args import ServerArgs
         from transformers import AutoConfig
@@ -55,7 +57,9 @@ def test_entry_point_registers_everything_in_a_fresh_process(ckpt, tmp_path):
             before=before, after=sorted(algo_name_to_cls),
             module=algo_name_to_cls["SlowFast"].__module__,
             wrapped=[hasattr(f, "__wrapped__") for f in (DllmConfig.from_server_args, ForwardBatch.init_new,
-                                                           utils.get_model_architecture)],
+                                                           utils.get_model_architecture,
+                                                           ModelRunner._extend_forward_kwargs,
+                                                           speculative_hook.handle_speculative_decoding)],
             config=type(AutoConfig.from_pretrained({ckpt['llada']!r})).__name__,
             dllm=[cfg.algorithm, cfg.block_size, cfg.mask_id, cfg.algorithm_config])))
     """)
@@ -66,7 +70,7 @@ def test_entry_point_registers_everything_in_a_fresh_process(ckpt, tmp_path):
     assert not set(OURS) & set(got["before"])
     assert set(OURS) <= set(got["after"]) and "LowConfidence" in got["after"]
     assert got["module"] == "integrations.sglang.algorithm"
-    assert got["wrapped"] == [True, True, True]
+    assert got["wrapped"] == [True] * 5
     assert got["config"] == "LLaDAConfig"
     mask = json.load(open(os.path.join(ckpt["dream"], "config.json")))["mask_token_id"]
     assert got["dllm"] == ["SlowFast", 16, mask, {"block_size": 16, "k": 4, "cache": "dual"}]  # the default policy

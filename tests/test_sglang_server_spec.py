@@ -1,12 +1,14 @@
 """Speculative decoding through SGLang's real server runtime on this CPU (test-only harness
 ``tests/sglang_harness``), as users launch it:
 
-* ``--speculative-algorithm DFLASH --speculative-draft-model-path models/dflash-qwen3-tasks``: greedy output
-  identical to the same server without speculation; acceptance read from SGLang's own per-request metrics;
+* ``--speculative-algorithm DFLASH --speculative-draft-model-path models/dflash-qwen3-tasks``: in float32, greedy
+  output identical to the same server without speculation; acceptance read from SGLang's own per-request metrics;
+  a ``--dtype bfloat16`` DFLASH server answers with the drafter accepted too (the drafter runs in the server's dtype,
+  whatever its config.json names);
 * ``--speculative-algorithm TOKENSWIFT`` (registered by our plugin) with the shipped TokenSwift heads:
   lossless against plain decoding.
 
-The plain-decoding server (``models/qwen3-tasks``) is launched once for the module.
+The plain-decoding server (``models/qwen3-tasks``, float32) is launched once for the module.
 """
 import concurrent.futures as cf
 import statistics
@@ -24,7 +26,9 @@ ROOT = Path(__file__).resolve().parents[1]
 from sglang_harness.server import SGLangServer  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
-COMMON = ()  # dtype "auto": the checkpoints' bfloat16 (the drafter's config.json names the target's dtype)
+# float32: greedy exactness (in bfloat16 the batched verify forward and the one-token decode forward round
+# differently, so a near tie can flip: docs/dflash.md "Dtypes and exactness")
+COMMON = ("--dtype", "float32")
 MAX_NEW = 32
 DFLASH = ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(ROOT / "models" /
           "dflash-qwen3-tasks"), "--speculative-num-draft-tokens", "16",
@@ -48,15 +52,51 @@ def plain(prompts, tmp_path_factory):
         yield [o["output_ids"] for o in serve_all(srv, prompts)]
 
 
-def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, tmp_path):
-    """16 concurrent greedy requests: every answer equals plain decoding's; SGLang reports each request's
-    mean accepted length per verify step (the bonus token included) above 2."""
-    with SGLangServer(TARGET, *COMMON, *DFLASH, log=tmp_path / "server.log") as srv:
-        out = serve_all(srv, prompts)
-    assert [o["output_ids"] for o in out] == plain
+def assert_blocks_accepted(out: list[dict]) -> None:
+    """SGLang reports each request's verify steps, and a mean accepted length per step (the bonus token
+    included) above 2 over the batch."""
     accept = [o["meta_info"]["spec_accept_length"] for o in out]
     assert all(o["meta_info"]["spec_verify_ct"] > 0 for o in out)
     assert statistics.mean(accept) > 2.0, accept
+
+
+def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, tmp_path):
+    """``--dtype float32`` (the drafter's config.json names bfloat16: it runs in float32 all the same): 16
+    concurrent greedy requests, every answer equals plain decoding's, blocks accepted."""
+    with SGLangServer(TARGET, *COMMON, *DFLASH, log=tmp_path / "server.log") as srv:
+        out = serve_all(srv, prompts)
+    assert [o["output_ids"] for o in out] == plain
+    assert_blocks_accepted(out)
+
+
+def test_dflash_serves_bfloat16(prompts, tmp_path):
+    """``--dtype bfloat16``: every request answers in full (MAX_NEW tokens or a stop), blocks accepted. (Its
+    answers are bfloat16 decoding's, not float32's, so no equality with ``plain``.)"""
+    with SGLangServer(TARGET, "--dtype", "bfloat16", *DFLASH, log=tmp_path / "server.log") as srv:
+        out = serve_all(srv, prompts)
+    for o in out:
+        reason = o["meta_info"]["finish_reason"]["type"]
+        assert reason == "stop" or len(o["output_ids"]) == MAX_NEW, o["meta_info"]
+    assert_blocks_accepted(out)
+
+
+def test_dflash_dtype_rule_at_launch():
+    """The drafter runs in the server's dtype (the core's rule); a dtype it cannot run in is refused at launch
+    naming ``--dtype`` and the allowed values. Without the plugin's embeddings hook SGLang feeds the drafter
+    bfloat16, so only bfloat16 would be served."""
+    import torch
+
+    from integrations.sglang.dtypes import check_dflash_dtype
+
+    assert check_dflash_dtype(torch.float32, embeds_follow=True) is torch.float32
+    assert check_dflash_dtype(torch.float16, embeds_follow=True) is torch.float16
+    assert check_dflash_dtype(torch.bfloat16, embeds_follow=False) is torch.bfloat16
+    with pytest.raises(ValueError, match=r"^--dtype float32 with --speculative-algorithm DFLASH: this SGLang hands "
+                                         r"the drafter bfloat16 embeddings .*; allowed: \['bfloat16'\]"):
+        check_dflash_dtype(torch.float32, embeds_follow=False)
+    with pytest.raises(ValueError, match=r"^--dtype: a drafter runs in its target's dtype, got float64; allowed: "
+                                         r"\['float32', 'bfloat16', 'float16'\]$"):
+        check_dflash_dtype(torch.float64, embeds_follow=True)
 
 
 def test_tokenswift_is_lossless(prompts, plain, tmp_path):

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .dtypes import DTYPES, dtype_label
+
 ARCHITECTURE = "DFlashDraftModel"
 
 
@@ -27,13 +29,10 @@ def spread_layer_ids(num_target_layers: int, num_features: int) -> tuple[int, ..
     return tuple(round(start + i * (end - start) / (num_features - 1)) for i in range(num_features))
 
 
-DTYPES = ("float32", "bfloat16", "float16")
-
-
 def dtype_name(target_cfg) -> str:
     """The target config's dtype as config.json spells it (float32 when it names none)."""
     d = getattr(target_cfg, "dtype", None) or getattr(target_cfg, "torch_dtype", None) or "float32"
-    return str(d).removeprefix("torch.")
+    return dtype_label(d)
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,8 @@ class DFlashConfig:
     rope_theta: float = 1000000.0
     max_position_embeddings: int = 40960
     attention_bias: bool = False
-    dtype: str = "float32"  # the target's: hosts serving with dtype "auto" load the drafter in it
+    dtype: str = "float32"  # the target's training dtype (hosts resolve dtype "auto" from it); it runs in the
+    # dtype its target runs in (dtypes.drafter_dtype)
     extra: dict = field(default_factory=dict, compare=False)  # other target fields kept in config.json
 
     def __post_init__(self):

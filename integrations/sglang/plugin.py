@@ -3,8 +3,9 @@ process. It changes no SGLang file: our algorithms into ``algo_name_to_cls``, th
 ``AutoConfig``, our model classes into ``ModelRegistry`` (a BEFORE hook on ``get_model_architecture``), LLaDA /
 Dream / LLaDA2 rows for ``DllmConfig.from_server_args`` (AROUND: block size, mask id, the admission check), the
 batch's requests and Dream's last prefix ids from ``ForwardBatch.init_new`` (AFTER), Dream's CUDA graphs off
-(AFTER ``handle_dllm_inference``) and TokenSwift (``tokenswift.py``). ``patches/sglang/README.md`` has each hook
-and its reason.
+(AFTER ``handle_dllm_inference``), speculative drafters in the server's dtype (``dtypes.py``: AFTER
+``ModelRunner._extend_forward_kwargs`` and ``handle_speculative_decoding``) and TokenSwift (``tokenswift.py``).
+``patches/sglang/README.md`` has each hook and its reason.
 """
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .configs import register_configs
+    from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
 
     register_configs()
     register_algorithms()
@@ -33,7 +35,10 @@ def register() -> None:
               HookType.AFTER),
              ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_request_info,
               HookType.AFTER),
-             ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER)]
+             ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER),
+             (EMBEDS_HOOK, embeds_in_runner_dtype, HookType.AFTER),
+             ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
+              HookType.AFTER)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, fn, kind)

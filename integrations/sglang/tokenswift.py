@@ -72,10 +72,11 @@ def worker_class(server_args=None):
             heads, lm_head = None, None
             path = getattr(server_args, "speculative_draft_model_path", None)
             if path:
+                from dllm_core.drafters.dtypes import drafter_dtype
                 from dllm_core.drafters.tokenswift.heads import load_heads
 
                 w = model.lm_head.weight
-                heads = load_heads(path, w.device, w.dtype)
+                heads = load_heads(path, w.device, drafter_dtype(w.dtype, "--dtype"))
                 lm_head = lambda h: torch.nn.functional.linear(h, w)  # noqa: E731 (single-rank vocab)
                 model.model.register_forward_hook(self._capture)
             self.drafter = TreeDrafter(self.draft_token_num, heads=heads, lm_head=lm_head)

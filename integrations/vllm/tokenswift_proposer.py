@@ -38,12 +38,14 @@ class TokenSwiftProposer:
 
     # --- target hook ---------------------------------------------------------------------------------------
     def load_model(self, target_model) -> None:
-        """Load the heads (dtype/device of the target) and hook the target to capture its hidden states."""
+        """Load the heads (on the target's device, in its dtype: the core's ``drafter_dtype``) and hook the target
+        to capture its hidden states."""
         if self.heads_dir:
+            from dllm_core.drafters.dtypes import drafter_dtype
             from dllm_core.drafters.tokenswift.heads import load_heads
 
             p = next(target_model.parameters())
-            self.heads = load_heads(self.heads_dir, p.device, p.dtype)
+            self.heads = load_heads(self.heads_dir, p.device, drafter_dtype(p.dtype, "--dtype"))
             if self.heads.cfg.hidden_size != self.hidden_size:
                 raise ValueError(f"--additional-config {KEY}.heads: heads of hidden size "
                                  f"{self.heads.cfg.hidden_size} do not fit the target ({self.hidden_size})")

@@ -5,6 +5,12 @@ models/dflash-qwen3-tasks, TOKENSWIFT with models/tokenswift-qwen3-tasks), one s
 scheduler polls a CPU core), and runs examples/sglang_spec_bench.py's measurement on each:
 
     python tests/sglang_harness/bench_spec.py --tasks "arithmetic;sort" --n 25 --max-new-tokens 256
+
+``--dtype`` is passed to every server (default: SGLang's ``auto``, the checkpoint's bfloat16); ``--servers`` picks
+a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" counts bfloat16's answers with:
+
+    python tests/sglang_harness/bench_spec.py --tasks "arithmetic;sort;count" --n 8 --max-new-tokens 256 \
+        --dtype bfloat16 --servers ar,dflash
 """
 from __future__ import annotations
 
@@ -37,15 +43,21 @@ def main() -> None:
     p.add_argument("--n", type=int, default=25)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
+    p.add_argument("--servers", default=",".join(FLAGS), help=f"comma-separated subset of {list(FLAGS)}")
     p.add_argument("--out")
     a = p.parse_args()
+    names = a.servers.split(",")
+    if not names or set(names) - set(FLAGS):
+        p.error(f"--servers: expected names from {list(FLAGS)}, got {a.servers!r}")
     prompts = task_prompts(str(TARGET), a.tasks, a.n)
+    dtype = () if a.dtype == "auto" else ("--dtype", a.dtype)
     runs = {}
-    for name, flags in FLAGS.items():
-        with SGLangServer(TARGET, *flags) as srv:
+    for name in names:
+        with SGLangServer(TARGET, *dtype, *FLAGS[name]) as srv:
             runs[name] = measure(srv.url, prompts, a.max_new_tokens, a.concurrency)
     result = {"tasks": a.tasks, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
-              "concurrency": a.concurrency, "servers": table(runs)}
+              "concurrency": a.concurrency, "dtype": a.dtype, "servers": table(runs)}
     print(json.dumps(result, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2))
