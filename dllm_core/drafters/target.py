@@ -12,9 +12,13 @@ from .sampling import clip_at_stop
 
 
 def load_target(target_dir: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32):
-    """A transformers causal LM from a local directory, frozen and in eval mode (never downloads)."""
+    """A transformers causal LM from a local directory, frozen and in eval mode (never downloads); a device
+    this machine lacks is an error naming the available ones."""
     from transformers import AutoModelForCausalLM
 
+    from ..models import check_device
+
+    device = check_device(device)
     d = Path(target_dir)
     if not (d / "config.json").is_file():
         raise FileNotFoundError(f"--target: {d} has no config.json")

@@ -9,6 +9,7 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
 from . import transformer
+from .device import check_device
 from .llada2 import LLaDA2MoeModelLM
 from .transformer import DiffusionLM
 
@@ -63,7 +64,9 @@ def load_state(d: Path, device) -> dict[str, torch.Tensor]:
 
 def load_model(model_dir: str | Path, device: str | torch.device = "cpu",
                dtype: torch.dtype = torch.float32) -> DiffusionLM:
-    """Build the native model for ``model_dir`` (config.json + safetensors) on ``device``/``dtype``."""
+    """Build the native model for ``model_dir`` (config.json + safetensors) on ``device``/``dtype`` (a device
+    this machine lacks is an error naming it and the available ones, before any file is read)."""
+    device = check_device(device)
     d = Path(model_dir)
     cfg = read_config(d)
     cls = model_class(cfg, str(d / "config.json"))

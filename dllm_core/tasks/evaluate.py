@@ -122,35 +122,43 @@ def run_mdm(model, tok, task: Task, examples: list[Example], cfg, batch_size: in
 
 
 @torch.inference_mode()
-def run_ar(model, tok, task: Task, examples: list[Example], batch_size: int = 8,
-           max_new_tokens: int | None = None) -> TaskRun:
-    """Greedy AR decoding (left-padded batches, KV cache) up to EOT / EOS, then scoring."""
-    ids = special_ids(tok)
-    stop = {ids["eos"], ids["eot"]}
-    prompts, dev = prompts_of(tok, examples), model.device
-    max_new = max_new_tokens or task.gen_length
-    texts, toks, secs = [], [], 0.0
+def ar_greedy(model, prompts: list[list[int]], stop: set[int], pad_id: int, batch_size: int = 8,
+              max_new_tokens: int = 32) -> tuple[list[list[int]], float]:
+    """Greedy AR decoding of token prompts (left-padded batches, KV cache) -> each row's tokens before its
+    first ``stop`` id, and the seconds spent in ``generate``."""
+    dev, rows, secs = model.device, [], 0.0
     for i in range(0, len(prompts), batch_size):
         chunk = prompts[i:i + batch_size]
         P = max(len(p) for p in chunk)
-        x = torch.tensor([[ids["eos"]] * (P - len(p)) + p for p in chunk], device=dev)
+        x = torch.tensor([[pad_id] * (P - len(p)) + p for p in chunk], device=dev)
         att = torch.tensor([[0] * (P - len(p)) + [1] * len(p) for p in chunk], device=dev)
         t0 = time.perf_counter()
-        out = model.generate(input_ids=x, attention_mask=att, max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=sorted(stop), pad_token_id=ids["eos"])
+        out = model.generate(input_ids=x, attention_mask=att, max_new_tokens=max_new_tokens, do_sample=False,
+                             eos_token_id=sorted(stop), pad_token_id=pad_id)
         secs += time.perf_counter() - t0
         for r in out[:, P:].tolist():
-            cut = next((j for j, t in enumerate(r) if t in stop), len(r))
-            toks.append(r[:cut])
-            texts.append(tok.decode(r[:cut], skip_special_tokens=True))
+            rows.append(r[:next((j for j, t in enumerate(r) if t in stop), len(r))])
+    return rows, secs
+
+
+def run_ar(model, tok, task: Task, examples: list[Example], batch_size: int = 8,
+           max_new_tokens: int | None = None) -> TaskRun:
+    """Greedy AR decoding (``ar_greedy``) up to EOT / EOS, then scoring."""
+    ids = special_ids(tok)
+    toks, secs = ar_greedy(model, prompts_of(tok, examples), {ids["eos"], ids["eot"]}, ids["eos"], batch_size,
+                           max_new_tokens or task.gen_length)
+    texts = [tok.decode(t, skip_special_tokens=True) for t in toks]
     return TaskRun(task, examples, texts, [task.score(t, e) for t, e in zip(texts, examples)],
                    [len(t) + 1 for t in toks], toks, secs)
 
 
 def load_ar(model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """A local Qwen3 causal LM (never downloads)."""
+    """A local Qwen3 causal LM (never downloads); a device this machine lacks is an error naming the available ones."""
     from transformers import AutoModelForCausalLM
 
+    from ..models import check_device
+
+    device = check_device(device)
     return AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=dtype, local_files_only=True).to(device).eval()
 
 

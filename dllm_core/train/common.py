@@ -109,11 +109,11 @@ def train_config(a: argparse.Namespace) -> TrainConfig:
 
 def setup(cfg: TrainConfig):
     """Tokenizer written into ``cfg.out`` and loaded back; seeds set. -> (tok, special ids incl. vocab)."""
+    from ..models import check_device
     from ..tasks.evaluate import special_ids
     from ..tokenizer import load_tokenizer
 
-    if cfg.device.startswith("cuda") and not torch.cuda.is_available():
-        raise ValueError("--device cuda: no CUDA device is available")
+    check_device(cfg.device)
     torch.manual_seed(cfg.seed)
     raw = build_task_tokenizer(cfg.out, cfg.vocab_size, cfg.seed)
     if cfg.init and (Path(cfg.init) / "tokenizer.json").read_bytes() != (Path(cfg.out) / "tokenizer.json").read_bytes():
