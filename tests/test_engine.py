@@ -108,7 +108,7 @@ def test_eos_options(llada):
     (dict(gen_length=0), "--gen-length must be >= 1, got 0"),
     (dict(sampler="greedy"), r"--sampler: unknown policy 'greedy'; allowed: \['entropy', 'factor', .*"),
     (dict(sampler="threshold:tau=2"), r"--sampler threshold.tau must be in \[0.0, 1.0\], got 2.0"),
-    (dict(sampler="threshold:t=2"), r"--sampler: threshold has no option 't'; allowed: \['confidence', 'edit', 'post_edit', 'tau'\]"),
+    (dict(sampler="threshold:t=2"), r"--sampler: threshold has no option 't'; allowed: \['confidence', 'edit', 'post_edit', 'schedule', 'tau'\]"),
     (dict(temperature=-1.0), "--temperature must be >= 0"),
 ])
 def test_config_errors(kwargs, match):

@@ -235,3 +235,213 @@ def test_bad_llada2_options(llada2):
         make_sampler("threshold:edit=1.5")
     with pytest.raises(ValueError, match="low_confidence has no option 'edit'"):
         make_sampler("low_confidence:edit=0.5")
+    with pytest.raises(ValueError, match=r"--sampler threshold.schedule must be one of \['fast_dllm', 'llada2'\], "
+                                         r"got 'official'"):
+        make_sampler("threshold:schedule=official")
+    with pytest.raises(ValueError, match=r"--sampler low_confidence.schedule must be one of \['dream', 'llada', "
+                                         r"'llada2'\], got 'llada3'"):
+        make_sampler("low_confidence:schedule=llada3")
+
+
+# ---- LLaDA2's official schedule (``schedule=llada2``) against a transcription of the official ``generate`` --------
+# The official loop (``LLaDA2MoeModelLM.generate`` in the checkpoints' modeling_llada2_moe.py; docs/llada2.md) is
+# written out below step for step, greedy: LLaDA2.0's (``edit`` None: a schedule of the block length over the
+# steps, a block ending at its first step without a mask) and LLaDA2.1's (``edit``: a fixed num_to_transfer of 1,
+# T2T editing, ``max_post_steps`` mask-free forwards). Their EOS stops between blocks are left out (our engines
+# decode every block; the tokens up to the first EOS are the same).
+
+def _greedy(logits):
+    """The official greedy proposal: argmax of the whole vocabulary and its softmax probability. [L, V] -> [L], [L]."""
+    x0 = logits.argmax(-1)
+    return x0, logits.softmax(-1).gather(-1, x0[:, None])[:, 0]
+
+
+def _top(conf, k):
+    pick = torch.zeros(conf.shape, dtype=torch.bool)
+    pick[conf.topk(k).indices] = True
+    return pick
+
+
+def official_block(forward, blk, in_prompt, steps, tau, edit=None, post_max=16, mask=3):
+    """One block of the official loop. forward() -> logits [L, V] of the block; blk [L] (a view, written in place);
+    in_prompt [L] bool: prompt positions in the block. -> forwards run."""
+    L, forwards = blk.shape[0], 0
+    if edit is None:  # LLaDA2.0
+        sched = [L // steps + (i < L % steps) for i in range(steps)]
+        for step in range(steps):
+            active = blk == mask
+            if not active.any():
+                break
+            x0, p = _greedy(forward())
+            forwards += 1
+            conf = torch.where(active, p, -math.inf)
+            high = conf > tau
+            pick = high if int(high.sum()) >= sched[step] else _top(conf, min(sched[step], int(active.sum())))
+            blk[pick] = x0[pick]
+        return forwards
+    post = 0  # LLaDA2.1
+    while True:
+        old, active = blk.clone(), blk == mask
+        if not active.any():
+            post += 1
+        if post > post_max:
+            break
+        x0, p = _greedy(forward())
+        forwards += 1
+        m2t = torch.zeros_like(active)
+        if active.any():
+            conf = torch.where(active, p, -math.inf)
+            high = (conf > tau) & active
+            m2t = high if int(high.sum()) >= 1 else _top(conf, 1)
+        t2t = ~active & ~in_prompt & (p > edit) & (x0 != old)
+        blk[m2t | t2t] = x0[m2t | t2t]
+        if not active.any() and not t2t.any():
+            break
+    return forwards
+
+
+def official_generate(model, prompt, gen_length, steps, tau, edit=None, post_max=16):
+    """The official block loop over a prompt on ``model`` (its forward over the sequence up to the block's end,
+    block-causal on the absolute grid). -> (generated tokens, forwards)."""
+    from dllm_core.engine.generate import block_causal_mask
+
+    L, mask, P = model.block_causal, model.args.mask_token_id, len(prompt)
+    steps = min(steps, gen_length)
+    n_blocks = -(-(P + gen_length) // L)
+    x = torch.full((1, n_blocks * L), mask)
+    x[0, :P] = torch.tensor(prompt)
+    pos = torch.arange(n_blocks * L)[None]
+    forwards = 0
+    for b in range(P // L, n_blocks):
+        end = (b + 1) * L
+        att = block_causal_mask(torch.ones(1, end, dtype=torch.bool), pos[:, :end], L)
+        forwards += official_block(lambda: model(x[:, :end], pos[:, :end], att)[0, -L:], x[0, end - L:end],
+                                   torch.arange(end - L, end) < P, steps, tau, edit, post_max, mask)
+    return x[0, P:P + gen_length].tolist(), forwards
+
+
+def ours_block(spec, x, streams, steps, mask=3):
+    """Our sampler over a batch of blocks x [B, L] as the engines drive it (plan_step / take_step), row b's k-th
+    forward seeing streams[b][k]. -> (x, forwards per row)."""
+    from dllm_core.engine import plan_step, take_step
+
+    sampler, tc, (B, L) = make_sampler(spec), TokenContext(mask), x.shape
+    st, used = sampler.new_state(B, L, steps, "cpu"), [0] * B
+    sampler.begin_block(st, x == mask)
+    for _ in range(sampler.max_steps(L, steps) + 1):
+        if sampler.block_done(st, masked := x == mask):
+            break
+        plan = plan_step(sampler, st, masked)
+        logits = torch.stack([streams[b][min(used[b], len(streams[b]) - 1)] for b in range(B)])
+        x, _ = take_step(sampler, st, plan, logits, x, tc)
+        used = [u + int(a) for u, a in zip(used, plan.active.tolist())]
+    assert sampler.block_done(st, x == mask)
+    return x, used
+
+
+TAILS, V = (0, 3, 5, 7), 24  # rows: prompt tails of 0 (a whole block to decode), 3, 5 and 7 positions
+
+
+def _random_blocks(seed, L=8, n=30, mask=3):
+    """Blocks with prompt tails and, per row, a stream of random logits ([MASK] never the argmax)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.full((len(TAILS), L), mask)
+    for b, t in enumerate(TAILS):
+        x[b, :t] = torch.randint(4, V, (t,), generator=g)
+    streams = torch.randn(len(TAILS), n, L, V, generator=g) * 3
+    streams[..., mask] = -1e4
+    return x, streams
+
+
+def official_rows(x, streams, steps, tau, edit=None, post_max=16):
+    """The official block loop on each row of x with its stream of logits. -> (x, forwards per row)."""
+    out, forwards = x.clone(), []
+    for b, t in enumerate(TAILS):
+        it = iter(streams[b])
+        forwards.append(official_block(lambda: next(it), out[b], torch.arange(x.shape[1]) < t, steps, tau, edit,
+                                       post_max))
+    return out, forwards
+
+
+OFFICIAL_CASES = [  # spec, steps per block, the official loop's (threshold, editing_threshold, max_post_steps)
+    ("low_confidence:schedule=llada2", 8, (1.0, None, 0)),  # threshold 1: never passed, the schedule alone
+    ("low_confidence:schedule=llada2", 3, (1.0, None, 0)),
+    ("low_confidence:schedule=llada2", 11, (1.0, None, 0)),
+    ("threshold:tau=0.9,schedule=llada2", 8, (0.9, None, 0)),
+    ("threshold:tau=0.6,schedule=llada2", 3, (0.6, None, 0)),
+    ("threshold:tau=0.3,schedule=llada2", 2, (0.3, None, 0)),
+    ("threshold:tau=0.5,edit=0.4,post_edit=2,schedule=llada2", 8, (0.5, 0.4, 2)),
+    ("threshold:tau=0.3,edit=0.0,post_edit=0,schedule=llada2", 8, (0.3, 0.0, 0)),
+    ("threshold:tau=0.8,edit=0.6,post_edit=16,schedule=llada2", 8, (0.8, 0.6, 16)),
+    ("threshold:tau=0.5,edit=0.9,post_edit=1,schedule=llada2", 3, (0.5, 0.9, 1)),
+]
+
+
+@pytest.mark.parametrize("spec, steps, official", OFFICIAL_CASES)
+@pytest.mark.parametrize("seed", range(4))
+def test_official_schedule_on_random_logits(spec, steps, official, seed):
+    """schedule=llada2 commits what the official loop commits, step for step on the same logits, in a batch of rows
+    with prompt tails: identical tokens and forwards per row."""
+    x, streams = _random_blocks(seed)
+    want, want_forwards = official_rows(x, streams, steps, *official)
+    got, forwards = ours_block(spec, x, streams, steps)
+    assert torch.equal(got, want) and forwards == want_forwards
+
+
+def test_default_schedules_differ_from_the_official_one():
+    """The three differences the option exists for, on the same logits (docs/llada2.md)."""
+    x, streams = _random_blocks(0)
+    # 1. low_confidence on a prompt-tail block: the remaining masks split over every step vs the block length
+    want, want_forwards = official_rows(x, streams, 8, 1.0)
+    got, forwards = ours_block("low_confidence", x, streams, 8)
+    assert forwards == [8] * 4 and want_forwards == [8 - t for t in TAILS]  # one per step either way ...
+    assert torch.equal(got, want)  # ... so the same tokens: only the idle steps differ
+    want, want_forwards = official_rows(x, streams, 3, 1.0)
+    got, forwards = ours_block("low_confidence", x, streams, 3)
+    assert forwards == [3] * 4 and want_forwards == [3, 2, 1, 1] and not torch.equal(got, want)
+    # 2. editing: the budget spent, ours runs one more forward (committing nothing)
+    for seed in range(3):
+        x, streams = _random_blocks(seed)
+        want, want_forwards = official_rows(x, streams, 8, 0.3, 0.0, 0)
+        got, forwards = ours_block("threshold:tau=0.3,edit=0.0,post_edit=0", x, streams, 8)
+        assert torch.equal(got, want) and forwards == [n + 1 for n in want_forwards]
+    # 3. fewer steps than positions: the official rule commits the scheduled n when too few pass, ours the top-1
+    x, streams = _random_blocks(1)
+    want, want_forwards = official_rows(x, streams, 2, 0.6)
+    got, forwards = ours_block("threshold:tau=0.6", x, streams, 2)
+    assert max(want_forwards) <= 2 < max(forwards) and not torch.equal(got, want)
+
+
+SHIPPED = __import__("pathlib").Path(__file__).resolve().parents[1] / "models" / "llada2-tasks"
+
+
+@pytest.fixture(scope="module")
+def shipped():
+    if not (SHIPPED / "config.json").is_file():
+        pytest.skip("models/llada2-tasks not shipped")
+    from dllm_core import load_tokenizer
+    from dllm_core.tasks import make_task
+    from dllm_core.tasks.evaluate import prompts_of
+
+    tok = load_tokenizer(SHIPPED)
+    return load_model(SHIPPED, dtype=torch.float32), prompts_of(tok, make_task("arithmetic").examples("test", 6))
+
+
+@pytest.mark.parametrize("spec, steps, official, cache", [
+    ("low_confidence:schedule=llada2", 8, (1.0, None, 0), "none"),
+    ("low_confidence:schedule=llada2", 3, (1.0, None, 0), "prefix"),
+    ("threshold:tau=0.9,schedule=llada2", 8, (0.9, None, 0), "none"),
+    ("threshold:tau=0.9,schedule=llada2", 2, (0.9, None, 0), "prefix"),
+    ("threshold:tau=0.7,edit=0.5,post_edit=2,schedule=llada2", 8, (0.7, 0.5, 2), "none"),
+    ("threshold:tau=0.5,edit=0.0,post_edit=0,schedule=llada2", 8, (0.5, 0.0, 0), "prefix"),
+])
+def test_official_schedule_on_the_shipped_model(shipped, spec, steps, official, cache):
+    """models/llada2-tasks, six held-out arithmetic prompts (grid offsets vary) in one batch: the embedded engine
+    with schedule=llada2 == the official loop on the same model, tokens and forwards per prompt."""
+    model, prompts = shipped
+    G = 24  # the task's answer: 3 blocks of 8 (+ the prompt's tail block)
+    r = generate(model, prompts, gen_length=G, block_length=model.block_causal, steps=steps * G // model.block_causal,
+                 sampler=spec, cache=cache)
+    for i, p in enumerate(prompts):
+        tokens, forwards = official_generate(model, p, G, steps, *official)
+        assert r.tokens[i].tolist() == tokens and r.nfe[i] == forwards, (i, spec)

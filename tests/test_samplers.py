@@ -34,7 +34,11 @@ def test_threshold_never_commits_below_tau_except_forced_top1(seed):
 
 
 @pytest.mark.parametrize("spec", sorted(SAMPLERS) + ["threshold:tau=0.9,edit=0.5,post_edit=2",
-                                                      "factor:f=1.0,edit=0.5,post_edit=0"])
+                                                      "factor:f=1.0,edit=0.5,post_edit=0",
+                                                      "low_confidence:schedule=llada2", "random:schedule=llada2",
+                                                      "threshold:tau=0.9,schedule=llada2",
+                                                      "threshold:tau=0.9,edit=0.5,post_edit=2,schedule=llada2",
+                                                      "threshold:tau=0.5,edit=0.0,post_edit=0,schedule=llada2"])
 def test_commits_fall_in_active_rows_only(spec):
     """Sampler.step's contract (take_step commits what it returns without masking by rows): rows without masks,
     or finished editing rows, commit nothing, whatever their logits."""
@@ -176,8 +180,11 @@ def test_every_sampler_with_every_cache_end_to_end(model, sampler):
 
 
 def test_schedules():
-    from dllm_core.sampling.fixed import dream_count, llada_counts
+    from dllm_core.sampling.fixed import dream_count, llada2_count, llada_counts
     assert llada_counts(T([10, 8]), 4).tolist() == [[3, 3, 2, 2], [2, 2, 2, 2]]
+    # LLaDA2: the block length (not its masks) over the steps; past the L-th step of more steps than L, none
+    assert [int(llada2_count(T([i]), 10, 4)) for i in range(4)] == [3, 3, 2, 2]
+    assert [int(llada2_count(T([i]), 4, 6)) for i in range(6)] == [1, 1, 1, 1, 0, 0]
     # Dream: int(n * (1 - s/t)) over linspace(1, 1e-3, 5): step 0 of 4 with 8 masks -> int(8 * 0.24975) = 1
     t = torch.linspace(1, 1e-3, 5)
     n = dream_count(T([8, 8, 3]), T([0, 2, 3]), 4, 1e-3)

@@ -67,6 +67,24 @@ def test_our_algorithms_drive_sglang_llada2(models, cls, cfg, sampler):
     assert out == want.tokens.tolist()
 
 
+@pytest.mark.parametrize("sampler,steps", [
+    ("low_confidence:schedule=llada2", 16), ("low_confidence:schedule=llada2", 6),
+    ("threshold:tau=0.5,schedule=llada2", 4), ("threshold:tau=0.5,edit=0.5,post_edit=0,schedule=llada2", 16),
+])
+def test_official_schedule_drives_sglang_llada2(models, sampler, steps):
+    """LLaDA2's official schedule (``schedule=llada2``) through DllmCore on SGLang's LLaDA2 class, three requests
+    batched: the embedded engine's tokens - the option needs no adapter change. Forwards: no more than the default
+    schedule's (a block that ends at a step that changed it takes SGLang's persisting forward, the one the
+    default spends on a step committing nothing)."""
+    sg, ref = models
+    want = generate(ref, PROMPTS, GenerationConfig(gen_length=16, block_length=L, steps=steps, sampler=sampler))
+    default = sampler.replace(",schedule=llada2", "").replace(":schedule=llada2", "")
+    n = []
+    out = _sglang(sg, DllmCore(DllmConfig("DllmCore", {"sampler": sampler, "steps": steps}, L, 5, 4)), forwards=n)
+    _sglang(sg, DllmCore(DllmConfig("DllmCore", {"sampler": default, "steps": steps}, L, 5, 4)), forwards=n)
+    assert out == want.tokens.tolist() and n[0] <= n[1]
+
+
 @pytest.mark.parametrize("algo,cfg,sampler", [
     (LowConfidence, {"threshold": 0.5}, "threshold:tau=0.5"),
     (JointThreshold, {"threshold": 0.5, "edit_threshold": 0.5, "max_post_edit_steps": 4},

@@ -37,6 +37,10 @@ CASES = {
     "factor_edit": ({"dllm_sampler": "factor:f=1.5,edit=0.9,post_edit=2", "dllm_block_length": CANVAS}, GEN,
                     "factor:f=1.5,edit=0.9,post_edit=2", CANVAS),
     "server_default": ({}, GEN, SERVER["sampler"], CANVAS),
+    "llada2_low_confidence": ({"dllm_sampler": "low_confidence:schedule=llada2", "dllm_steps": 9, "dllm_cache": "none"},
+                              GEN, "low_confidence:schedule=llada2", 3),  # LLaDA2's official schedule
+    "llada2_edit": ({"dllm_sampler": "threshold:tau=0.5,edit=0.5,post_edit=2,schedule=llada2"}, GEN,
+                    "threshold:tau=0.5,edit=0.5,post_edit=2,schedule=llada2", CANVAS),
     "short": ({"dllm_sampler": "threshold:tau=0.5"}, GEN - 5, "threshold:tau=0.5", CANVAS),
 }
 INVALID = {
@@ -78,7 +82,7 @@ def reference(model, sampler: str, steps: int, gen: int = GEN) -> list[list[int]
 
 
 @pytest.mark.parametrize("case", ["low_confidence", "threshold", "slowfast", "factor", "edit", "factor_edit",
-                                  "server_default"])
+                                  "server_default", "llada2_low_confidence", "llada2_edit"])
 def test_greedy_output_equals_the_embedded_engine(served, tiny, case):
     outs, _ = served
     _, _, sampler, steps = CASES[case]

@@ -8,6 +8,10 @@ continues for at most ``post_edit`` more steps; a row's block ends at the first 
 nothing (that step's forward already saw the final block) or when the budget is spent. ``edit``
 unset: the plain rule (its block ends when no mask is left).
 
+When the budget is spent, this runs one more forward for the block (its step commits nothing), as SGLang does;
+a rule whose ``ends_at_budget`` holds (``threshold:schedule=llada2``) ends the block at the step after which the
+next one would be past the budget, without that forward, as LLaDA2.1's official ``generate`` does.
+
 Greedy (temperature 0) this is SGLang's ``JointThreshold`` (threshold, edit_threshold, max_post_edit_steps)
 step for step, with two stated differences: [MASK] is never a proposal here (SGLang takes the plain
 argmax, so where a model's argmax is [MASK] it may re-mask a committed token), and the M2T threshold
@@ -69,6 +73,10 @@ class Editable(Sampler):
     def max_steps(self, block_len, steps):
         return block_len + (self.post_edit + 1 if self.edit is not None else 0)
 
+    def ends_at_budget(self) -> bool:
+        """True: a block ends with its post-edit budget, without the forward of a step past it."""
+        return False
+
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         if self.edit is None:
             return super().step(logits, x, st, tc, lo)
@@ -85,5 +93,8 @@ class Editable(Sampler):
         if lo or x.shape[1] != free.shape[1]:
             free = free[:, lo:lo + x.shape[1]]
         commit = (m2t | edit_commit(p, x0, x, masked, free, self.edit)) & go[:, None]
-        st["post"], st["fin"] = post, fin | ~commit.any(-1)  # a running row's block ends at a step changing nothing
+        fin = fin | ~commit.any(-1)  # a running row's block ends at a step changing nothing
+        if self.ends_at_budget():  # ... or when the next step (no mask left: a post-edit one) is past the budget
+            fin = fin | (~(masked & ~commit).any(-1) & (post >= self.post_edit))
+        st["post"], st["fin"] = post, fin
         return x0, commit

@@ -1,5 +1,11 @@
 """Fixed-schedule transfer rules: LLaDA's low_confidence / random and Dream's diffusion_generate
-algorithms (origin, maskgit_plus, topk_margin, entropy)."""
+algorithms (origin, maskgit_plus, topk_margin, entropy).
+
+Schedules (``schedule=``): ``llada`` (LLaDA's generate: the block's masks at its first step split over the steps,
+every step run), ``dream`` (Dream's timesteps) and ``llada2`` (LLaDA2's official ``generate``: the block *length*
+split over the steps, the block ending when it has no mask left - ``docs/llada2.md``). ``llada`` and ``llada2``
+differ only on a block that begins with fewer masks than its length (a block-causal model's prompt tail) or that
+has fewer positions than steps."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -10,11 +16,19 @@ import torch
 from .base import Sampler, top_n
 from ..options import check_choice, check_min
 
+SCHEDULES = ("llada", "dream", "llada2")
+
 
 def llada_counts(m: torch.Tensor, steps: int) -> torch.Tensor:
     """Tokens to transfer at each step: m // s each, the first m % s steps one more. [B] -> [B, s]."""
     i = torch.arange(steps, device=m.device)
     return m[:, None] // steps + (i < (m[:, None] % steps)).long()
+
+
+def llada2_count(i: torch.Tensor, L: int, steps: int) -> torch.Tensor:
+    """LLaDA2's official schedule at step i: the block length L split evenly over the steps, the first L % s
+    steps one more (its ``_get_num_transfer_tokens``; 0 past the L-th step when s > L). [B] -> [B]."""
+    return L // steps + (i < L % steps).long()
 
 
 def dream_count(n_mask: torch.Tensor, i: torch.Tensor, steps: int, eps: float) -> torch.Tensor:
@@ -29,14 +43,14 @@ def dream_count(n_mask: torch.Tensor, i: torch.Tensor, steps: int, eps: float) -
 class FixedSchedule(Sampler):
     """Commit a scheduled number of masked positions per step, the most confident first."""
 
-    fixed_steps: ClassVar[bool] = True
+    fixed_steps: ClassVar[bool] = True  # steps per block fixed (llada2: at most that many; a block may end sooner)
     schedule: str = "llada"
     eps: float = 1e-3
     alg_temp: float = 0.0
 
     def __post_init__(self):
         super().__post_init__()
-        check_choice(self.schedule, ("llada", "dream"), f"--sampler {self.name}.schedule")
+        check_choice(self.schedule, SCHEDULES, f"--sampler {self.name}.schedule")
         check_min(self.alg_temp, 0, f"--sampler {self.name}.alg_temp")
 
     def begin_block(self, st, masked):
@@ -44,21 +58,30 @@ class FixedSchedule(Sampler):
         st["counts"] = llada_counts(st["m0"], st["steps"])
 
     def rows_done(self, st, masked):
-        """The schedule's steps are run (a block that began without masks has nothing to run)."""
-        return (st["i"] >= st["steps"]) | (st["m0"] == 0)
+        """The schedule's steps are run (a block that began without masks has nothing to run); llada2: also
+        once the block has no mask left."""
+        done = (st["i"] >= st["steps"]) | (st["m0"] == 0)
+        return (done | ~masked.any(-1)) if self.schedule == "llada2" else done
 
     def max_steps(self, block_len, steps):
         return max(block_len, steps)
 
     def block_done(self, st, masked):
+        if self.schedule == "llada2":  # ends on the masks: one device read, as a variable-step rule
+            return super().block_done(st, masked)
         return st["n"] >= st["steps"]  # rows_done from the host counter (lock step): no device sync
 
     def active(self, st, masked):
+        if self.schedule == "llada2":
+            return ~self.rows_done(st, masked)
         return st["m0"] > 0  # a block that began without masks (a block-causal row's padding) has no steps
 
     def n_transfer(self, st, masked) -> torch.Tensor:
+        """Positions to commit at this step: [B]."""
         if self.schedule == "llada":
             return st["counts"].gather(1, st["i"][:, None].clamp_max(st["steps"] - 1))[:, 0]
+        if self.schedule == "llada2":
+            return llada2_count(st["i"], st["L"], st["steps"])
         return dream_count(masked.sum(-1), st["i"], st["steps"], self.eps)
 
     def select(self, conf, masked, st, lo):
