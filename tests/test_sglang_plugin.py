@@ -190,3 +190,29 @@ def test_last_prefix_ids_hook():
     assert (slots, ids.tolist()) == ([5, 2, 7], [0, 107, 131])
     llada = SimpleNamespace(model=SimpleNamespace(prefix_rows=None), device="cpu")
     assert add_last_prefix_ids(fb(ForwardMode.DLLM_EXTEND), None, batch, llada).forward_mode == ForwardMode.DLLM_EXTEND
+
+
+def test_admission_names_what_a_diffusion_decode_does_not_do():
+    """The fields SGLang's /generate may carry that a diffusion decode does not honour are refused by name
+    (the core's reasons), and prompt ids past the vocabulary are refused on every server."""
+    from types import SimpleNamespace
+
+    from dllm_core.engine.request import NOT_DECODED, not_decoded_error
+    from dllm_core.engine.step import token_range_error
+    from integrations.sglang.admission import asked
+
+    req = lambda sp=None, **kw: SimpleNamespace(sampling_params={"max_new_tokens": 8, **(sp or {})}, **kw)
+    assert asked(req({"temperature": 0.0, "n": 1, "repetition_penalty": 1.0, "regex": None})) == {}
+    assert asked(req({"n": 3})) == {"samples": "sampling_params.n"}
+    assert asked(req(return_logprob=True)) == {"logprobs": "return_logprob"}
+    assert asked(req({"json_schema": "{}", "regex": "a"})) == {"grammar": "sampling_params.regex"}
+    assert asked(req({"min_new_tokens": 2, "presence_penalty": 0.5})) == {
+        "min_tokens": "sampling_params.min_new_tokens", "penalties": "sampling_params.presence_penalty"}
+    assert set(NOT_DECODED) == {"samples", "logprobs", "grammar", "min_tokens", "penalties"}
+    assert not_decoded_error({}) is None
+    assert not_decoded_error({"samples": "sampling_params.n"}).startswith(
+        "sampling_params.n: a diffusion decode does not do several answers per request")
+    assert token_range_error([0, 5, 511], 512) is None
+    assert token_range_error([3, 512], 512) == ("prompt token ids must be in [0, 512) (the model's vocabulary), "
+                                                "got 512 at position 1")
+    assert "got -1 at position 0" in token_range_error([-1], 512)

@@ -5,7 +5,8 @@ test-only harness ``tests/sglang_harness`` (sgl_kernel stand-in + SGLang changes
 One server per algorithm configuration (module-scoped: every case of a configuration shares it). Each
 answer over HTTP equals the embedded engine's unbatched run with the same sampler and cache policy, token
 for token, for concurrent requests of different prompt and answer lengths; on held-out examples the
-server's accuracy is the embedded engine's. Bad requests get HTTP 400 and the server keeps serving; a bad
+server's accuracy is the embedded engine's. Bad requests get HTTP 400 and the server keeps serving (a soak of
+hundreds of requests with client hang-ups and bad requests of many kinds among them); a bad
 ``--dllm-algorithm-config`` stops the launch with the option named.
 """
 import concurrent.futures as cf
@@ -26,6 +27,7 @@ from dllm_core.tasks.evaluate import accuracy, generate_batched, prompts_of, tas
 
 ROOT = Path(__file__).resolve().parents[1]
 from sglang_harness.server import SGLangServer, ServerExited  # noqa: E402
+from sglang_harness.soak import bad_requests, soak  # noqa: E402
 
 BLOCK = 8
 EOS = 1  # config.json eos_token_id of both task models
@@ -135,6 +137,32 @@ def test_bad_requests_get_400_and_the_server_keeps_serving(served):
     assert_same(got, s.reference(model, prompt, BLOCK), BLOCK)
     got = srv.generate(prompt, BLOCK + 3)["output_ids"]  # not whole blocks: 2 blocks decoded, BLOCK + 3 emitted
     assert_same(got, s.reference(model, prompt, 2 * BLOCK)[:BLOCK + 3], BLOCK + 3)
+
+
+SOAKED = "llada-DllmCore-dual"
+
+
+@pytest.mark.parametrize("served", [SOAKED], indirect=True)
+def test_soak_with_hang_ups_and_bad_requests(served):
+    """240 requests of 8 prompts x answer lengths, 24 in flight, a fifth of the clients hanging up mid-request,
+    bad requests of 18 kinds among them (3 of each): every bad one gets a 4xx naming its problem, no good one is
+    lost and each answers the embedded engine's tokens every time; a probe answers the same before and after."""
+    s, srv, model, tok = served
+    prompts = [p for name in ("arithmetic", "sort") for p in prompts_of(tok, make_task(name).examples("test", 4))]
+    gens = [BLOCK * (1 + i % 3) for i in range(len(prompts))]
+    cases = [{"input_ids": p, "sampling_params": {"max_new_tokens": g, "temperature": 0.0}}
+             for p, g in zip(prompts, gens)]
+    probe = srv.generate(prompts[0], gens[0])["output_ids"]
+    bad = bad_requests(prompts[0], model.args.vocab_size, 8192, model.args.mask_token_id, dllm=True)
+    rep = soak(srv.url, cases, bad, n=240, in_flight=24, hang_up_share=0.2)
+    assert not rep.lost and rep.served + rep.hung_up == 240, rep.lost[:3]
+    for i, answers in rep.answers.items():
+        assert len(answers) == 1, (i, answers)
+        assert_same(list(next(iter(answers))), s.reference(model, prompts[i], gens[i]), gens[i])
+    for name, (_, text) in bad.items():
+        for status, body in rep.bad[name]:
+            assert 400 <= status < 500 and text in body, (name, status, body[:300])
+    assert srv.generate(prompts[0], gens[0])["output_ids"] == probe
 
 
 @pytest.mark.parametrize("yaml_text,expected", [

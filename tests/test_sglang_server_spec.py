@@ -8,9 +8,12 @@
 * ``--speculative-algorithm TOKENSWIFT`` (registered by our plugin) with the shipped TokenSwift heads:
   lossless against plain decoding.
 
-The plain-decoding server (``models/qwen3-tasks``, float32) is launched once for the module.
+The float32 DFLASH server also takes a soak (hundreds of requests, client hang-ups, bad requests of many kinds:
+each a 4xx naming its problem, the server keeps serving, no good request lost). The plain-decoding server
+(``models/qwen3-tasks``, float32) and the float32 DFLASH server are launched once for the module.
 """
 import concurrent.futures as cf
+import json
 import statistics
 from pathlib import Path
 
@@ -60,13 +63,39 @@ def assert_blocks_accepted(out: list[dict]) -> None:
     assert statistics.mean(accept) > 2.0, accept
 
 
-def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, tmp_path):
+@pytest.fixture(scope="module")
+def dflash(tmp_path_factory):
+    with SGLangServer(TARGET, *COMMON, *DFLASH, log=tmp_path_factory.mktemp("dflash") / "server.log") as srv:
+        yield srv
+
+
+def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, dflash):
     """``--dtype float32`` (the drafter's config.json names bfloat16: it runs in float32 all the same): 16
     concurrent greedy requests, every answer equals plain decoding's, blocks accepted."""
-    with SGLangServer(TARGET, *COMMON, *DFLASH, log=tmp_path / "server.log") as srv:
-        out = serve_all(srv, prompts)
+    out = serve_all(dflash, prompts)
     assert [o["output_ids"] for o in out] == plain
     assert_blocks_accepted(out)
+
+
+def test_dflash_survives_a_soak_and_bad_requests(prompts, plain, dflash):
+    """160 greedy requests of the 16 prompts, 24 in flight, a fifth of the clients hanging up mid-request, bad
+    requests of 9 kinds among them (3 of each): every bad one gets a 4xx naming its problem (an id past the
+    vocabulary stopped SGLang's scheduler before the plugin's admission check), no good one is lost and each
+    answers plain decoding's tokens every time; a probe answers the same before and after."""
+    from sglang_harness.soak import bad_requests, soak
+
+    cases = [{"input_ids": p, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}} for p in prompts]
+    probe = dflash.generate(prompts[0], MAX_NEW)["output_ids"]
+    vocab = json.loads((TARGET / "config.json").read_text())["vocab_size"]
+    bad = bad_requests(prompts[0], vocab, 8192)
+    rep = soak(dflash.url, cases, bad, n=160, in_flight=24, hang_up_share=0.2)
+    assert not rep.lost and rep.served + rep.hung_up == 160, rep.lost[:3]
+    for i, answers in rep.answers.items():
+        assert answers == {tuple(plain[i])}, i
+    for name, (_, text) in bad.items():
+        for status, body in rep.bad[name]:
+            assert 400 <= status < 500 and text in body, (name, status, body[:300])
+    assert dflash.generate(prompts[0], MAX_NEW)["output_ids"] == probe == plain[0]
 
 
 def test_dflash_serves_bfloat16(prompts, tmp_path):

@@ -26,6 +26,25 @@ STEPS_NOTE = ("(steps is the total over the response, as in `dllm generate --ste
               "options read it per block before 0.2)")
 
 
+NOT_DECODED = {  # what a request may ask of a left-to-right decoder that a diffusion decode does not do, and why
+    "samples": "several answers per request (n > 1); send one request per answer",
+    "logprobs": "log-probabilities of the answer (its tokens are committed in parallel and out of order, each "
+                "from a partly masked context: there is no left-to-right likelihood to report)",
+    "grammar": "constrained decoding (regex, JSON schema, EBNF, structural tags: a grammar constrains "
+               "left-to-right sampling)",
+    "min_tokens": "a minimum answer length (the canvas holds max_new_tokens positions; EOS ends the answer)",
+    "penalties": "repetition, frequency or presence penalties (they condition each token on the ones before it)",
+}
+
+
+def not_decoded_error(asked: Mapping[str, str]) -> str | None:
+    """``asked``: {concept of ``NOT_DECODED``: the request field that asks it, in the host's spelling} ->
+    the error text naming the field (the first), or None. Hosts refuse such requests instead of ignoring them."""
+    for concept, field in asked.items():
+        return f"{field}: a diffusion decode does not do {NOT_DECODED[concept]}"
+    return None
+
+
 @dataclass(frozen=True)
 class ResponsePlan:
     """One response: ``length`` tokens returned, ``decoded`` positions decoded (whole blocks), ``blocks`` of

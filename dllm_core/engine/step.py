@@ -26,6 +26,15 @@ def mask_in_prompt(prompt, mask_id: int) -> str | None:
     return None
 
 
+def token_range_error(prompt, vocab_size: int) -> str | None:
+    """Every prompt id is a token of the model's vocabulary [0, vocab_size) (an id past it would index past the
+    embedding). -> the error text, or None."""
+    for i, t in enumerate(prompt):
+        if not 0 <= t < vocab_size:
+            return f"prompt token ids must be in [0, {vocab_size}) (the model's vocabulary), got {t} at position {i}"
+    return None
+
+
 @dataclass
 class StepPlan:
     """What one step is about, per row: decoding or idle, and the windows its logits must cover."""

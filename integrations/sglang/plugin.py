@@ -4,7 +4,8 @@ process. It changes no SGLang file: our algorithms into ``algo_name_to_cls``, th
 Dream / LLaDA2 rows for ``DllmConfig.from_server_args`` (AROUND: block size, mask id, the admission check), the
 batch's requests and Dream's last prefix ids from ``ForwardBatch.init_new`` (AFTER), Dream's CUDA graphs off
 (AFTER ``handle_dllm_inference``), speculative drafters in the server's dtype (``dtypes.py``: AFTER
-``ModelRunner._extend_forward_kwargs`` and ``handle_speculative_decoding``) and TokenSwift (``tokenswift.py``).
+``ModelRunner._extend_forward_kwargs`` and ``handle_speculative_decoding``), requests a server cannot serve refused
+with HTTP 400 (``admission.py``: AFTER ``TokenizerManager._validate_one_request``) and TokenSwift (``tokenswift.py``).
 ``patches/sglang/README.md`` has each hook and its reason.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ def register() -> None:
     """Entry point: register algorithms, configs and hooks (idempotent)."""
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
+    from .admission import HOOK as ADMISSION_HOOK, validate_request
     from .configs import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
 
@@ -38,7 +40,8 @@ def register() -> None:
              ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER),
              (EMBEDS_HOOK, embeds_in_runner_dtype, HookType.AFTER),
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
-              HookType.AFTER)]
+              HookType.AFTER),
+             (ADMISSION_HOOK, validate_request, HookType.AFTER)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, fn, kind)

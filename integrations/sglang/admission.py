@@ -1,0 +1,55 @@
+"""Requests a server cannot serve are refused at admission, with HTTP 400 naming the field (SGLang's tokenizer
+manager answers a ``ValueError`` of ``_validate_one_request`` so and keeps serving), instead of reaching the
+scheduler: SGLang 0.5.23 does not check prompt ids against the vocabulary (an id past it, or a negative one, stops
+the scheduler at the embedding, and the server with it), and a diffusion algorithm would ignore what it does not
+decode (``n`` > 1, log-probabilities, grammars, a minimum length, penalties) or hang on it (a regex). The rules are
+the core's (``dllm_core.engine.step.token_range_error``, ``dllm_core.engine.request.not_decoded_error``); this
+file spells SGLang's request fields. Registered by ``plugin.py`` (AFTER ``_validate_one_request``).
+"""
+from __future__ import annotations
+
+from dllm_core.engine.request import not_decoded_error
+from dllm_core.engine.step import token_range_error
+
+HOOK = "sglang.srt.managers.tokenizer_manager.TokenizerManager._validate_one_request"
+PENALTIES = (("repetition_penalty", 1.0), ("frequency_penalty", 0.0), ("presence_penalty", 0.0))
+GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
+
+
+def validate_request(result, manager, obj, input_ids, *args, **_):
+    """AFTER ``TokenizerManager._validate_one_request``: prompt ids in the vocabulary (every server); on a dLLM
+    server also a prompt of at least one token and nothing asked that a diffusion decode does not do."""
+    if input_ids is not None and (err := token_range_error(input_ids, manager.model_config.vocab_size)):
+        raise ValueError(err)
+    if not serves_dllm(manager.server_args):
+        return result
+    if input_ids is not None and len(input_ids) == 0:
+        raise ValueError("prompt: a diffusion decode needs at least one prompt token, got an empty prompt")
+    if err := not_decoded_error(asked(obj)):
+        raise ValueError(err)
+    return result
+
+
+def serves_dllm(server_args) -> bool:
+    from sglang.srt.arg_groups.overrides import resolving_view
+
+    return resolving_view(server_args).dllm_algorithm is not None
+
+
+def asked(obj) -> dict[str, str]:
+    """What a ``GenerateReqInput`` asks beyond the defaults, as {``NOT_DECODED`` concept: its field}."""
+    sp = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else {}
+    out = {}
+    if (sp.get("n") or 1) > 1:
+        out["samples"] = "sampling_params.n"
+    if getattr(obj, "return_logprob", False) is True:
+        out["logprobs"] = "return_logprob"
+    for k in GRAMMARS:
+        if sp.get(k) is not None:
+            out.setdefault("grammar", f"sampling_params.{k}")
+    if (sp.get("min_new_tokens") or 0) > 0:
+        out["min_tokens"] = "sampling_params.min_new_tokens"
+    for k, neutral in PENALTIES:
+        if sp.get(k, neutral) not in (None, neutral):
+            out.setdefault("penalties", f"sampling_params.{k}")
+    return out
