@@ -80,7 +80,6 @@ class ResponseSlots:
         self.stores: list[PartStores | None] = [None] * n_slots
         self.rid: list[str | None] = [None] * n_slots
         self.states: dict[tuple, SlotStates] = {}
-        self.contexts: dict[SlotConfig, TokenContext] = {}
         self.runs: list[tuple[SlotStates, TokenContext]] = []  # per config id: its sampler rows and token context
         self.aranges: dict[int, torch.Tensor] = {}
         self._index: tuple[tuple, torch.Tensor] = ((), torch.zeros(0, dtype=torch.long, device=device))
@@ -167,12 +166,10 @@ class ResponseSlots:
         return ss
 
     def token_context(self, c: SlotConfig) -> TokenContext:
-        tc = self.contexts.get(c)
-        if tc is None:
-            d = c.decode
-            tc = self.contexts[c] = TokenContext(self.mask_id, d.temperature, d.top_p, d.top_k, self.eos_id, d.eot_id,
-                                                 d.logits_eos_inf, d.confidence_eos_eot_inf, self.generator)
-        return tc
+        """The token context of ``c``'s decoding options (built once per config, at its first admission)."""
+        d = c.decode
+        return TokenContext(self.mask_id, d.temperature, d.top_p, d.top_k, self.eos_id, d.eot_id, d.logits_eos_inf,
+                            d.confidence_eos_eot_inf, self.generator)
 
     def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray | None, int]]:
         """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config id)];
