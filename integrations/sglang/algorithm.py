@@ -16,6 +16,7 @@ import torch
 
 from dllm_core.cache import HostRequest
 from dllm_core.cache.executor import CachedStep, PartStores
+from dllm_core.engine.host_options import FlatOptions
 from dllm_core.engine.slots import SlotConfig
 from dllm_core.engine.step import mask_in_prompt
 from dllm_core.options import OptionError
@@ -24,7 +25,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from .response import ResponseHost, SlotsHost
-from .options import AlgorithmOptions, read_yaml, with_default_cache
+from .options import parse, read_yaml, with_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ class DllmCoreAlgorithm(DllmAlgorithm):
     sampler_name: ClassVar[str | None] = None
 
     @classmethod
-    def options(cls, cfg: dict) -> AlgorithmOptions:
-        return AlgorithmOptions.parse(cls.__name__, cls.sampler_name, cfg)
+    def options(cls, cfg: dict) -> FlatOptions:
+        return parse(cls.__name__, cls.sampler_name, cfg)
 
     @classmethod
     def configure_server_args(cls, server_args) -> None:

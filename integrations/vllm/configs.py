@@ -71,19 +71,18 @@ def config_hook():
         def verify_and_update_config(cls, vllm_config) -> None:
             from vllm.config.diffusion import DiffusionConfig
 
-            from .options import SERVED, server_options
+            from . import options
 
             mc, sc, cc = vllm_config.model_config, vllm_config.scheduler_config, vllm_config.cache_config
             if vllm_config.diffusion_config is None:
                 vllm_config.diffusion_config = DiffusionConfig(  # default: every response is one canvas
                     canvas_length=getattr(mc.hf_config, "canvas_length", None) or -(-mc.max_model_len // BLOCK) * BLOCK)
-            SERVED["canvas_length"] = vllm_config.diffusion_config.canvas_length
-            SERVED["block_causal"] = block = block_causal_size(mc.hf_config)
-            if block is not None and SERVED["canvas_length"] != block:
-                raise ValueError(f"--diffusion-config canvas_length {SERVED['canvas_length']} must equal the "
-                                 f"checkpoint's block_size {block} ({type(mc.hf_config).__name__} attends "
-                                 f"block-causally: one grid block per canvas)")
-            SERVED["defaults"] = server_options(vllm_config.additional_config)  # fail fast
+            canvas, block = vllm_config.diffusion_config.canvas_length, block_causal_size(mc.hf_config)
+            if block is not None and canvas != block:
+                raise ValueError(f"--diffusion-config canvas_length {canvas} must equal the checkpoint's block_size "
+                                 f"{block} ({type(mc.hf_config).__name__} attends block-causally: one grid block per "
+                                 f"canvas)")
+            options.serve(canvas, block, vllm_config.additional_config)  # fail fast
             # The prompt is prefilled bidirectionally: its K/V depend on the whole prompt, so a
             # prompt must be prefilled in one chunk and never shared through prefix caching.
             cc.enable_prefix_caching = False

@@ -17,20 +17,20 @@ from dllm_core.engine.generate import grid_canvas_width
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
 
 from .configs import block_causal_size
-from .options import request_options, request_plan, server_options
+from . import options
 
 
 class DllmScheduler(DiffusionScheduler):
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         self.block_causal = block_causal_size(vllm_config.model_config.hf_config)
-        self.canvas = vllm_config.diffusion_config.canvas_length
-        self.defaults = server_options(vllm_config.additional_config)
+        self.served = options.serve(vllm_config.diffusion_config.canvas_length, self.block_causal,
+                                    vllm_config.additional_config)
 
     def decoded(self, request) -> int:
         """Positions the request decodes: ``max_tokens`` in whole blocks (dllm_core's response rule)."""
         sp = request.sampling_params
-        return request_plan(request_options(sp.extra_args, self.defaults), sp.max_tokens, self.canvas).decoded
+        return self.served.plan(options.request_options(sp.extra_args, self.served.defaults), sp.max_tokens).decoded
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         for i, (req_id, ids) in enumerate(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)):

@@ -24,7 +24,8 @@ from dllm_core.engine.slots import ResponseSlots, SlotConfig
 from vllm.v1.worker.gpu.attn_utils import build_attn_metadata, build_slot_mappings_by_layer
 from vllm.v1.worker.gpu.model_states.interface import ModelState
 
-from .options import SERVED, request_options, request_plan, server_options, streams
+from . import options
+from .options import request_options
 
 logger = logging.getLogger(__name__)
 
@@ -70,8 +71,8 @@ class DllmStates:
         if args.mask_token_id is None:
             raise ValueError("config.json: mask_token_id is required to serve a masked diffusion model")
         pad = args.pad_token_id if args.pad_token_id is not None else args.eos_token_id or 0
-        SERVED["canvas_length"], SERVED["block_causal"] = self.canvas_len, block_causal or None
-        self.defaults = SERVED["defaults"] = server_options(vllm_config.additional_config)
+        self.served = options.serve(self.canvas_len, block_causal or None, vllm_config.additional_config)
+        self.defaults = self.served.defaults
         self.slots = ResponseSlots(max_reqs, self.canvas_len, args.mask_token_id, device, args.eos_token_id, pad,
                                    self.defaults.seed, feature_shape[0])
         self.phase = np.zeros(max_reqs, dtype=np.int8)
@@ -90,7 +91,7 @@ class DllmStates:
 
     def add(self, slot: int, sampling_params, prompt_len: int, req_id: str | None = None) -> None:
         opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults)
-        plan = request_plan(opts, getattr(sampling_params, "max_tokens", None), self.canvas_len)
+        plan = self.served.plan(opts, getattr(sampling_params, "max_tokens", None))
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
         if cache.picks and self.tp > 1:  # V-verify picks per shard would differ
             logger.warning("dllm: cache %s picks rows per rank: it needs tensor_parallel_size 1; running exact",
@@ -99,7 +100,7 @@ class DllmStates:
         top_p, top_k = getattr(sampling_params, "top_p", 1.0), getattr(sampling_params, "top_k", 0)
         config = SlotConfig.of(opts, plan, top_p if top_p is not None and top_p < 1.0 else None,
                                top_k if top_k is not None and top_k > 0 else None)
-        self.stream[slot] = stream = streams(opts, cache, plan, self.canvas_len)
+        self.stream[slot] = stream = self.served.streams(opts, cache, plan)
         self.phase[slot], self.held[slot], self.response_left[slot] = PREFILL, prompt_len, plan.decoded
         self.slots.admit(slot, config, HostRequest(cache, prompt_len, stream, self.device), req_id,
                          PartStores(*self.feature_shape, self.args.dim, self.last_hidden))
