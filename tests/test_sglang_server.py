@@ -143,6 +143,18 @@ SOAKED = "llada-DllmCore-dual"
 
 
 @pytest.mark.parametrize("served", [SOAKED], indirect=True)
+def test_lm_eval_through_the_server_equals_the_embedded_route(served):
+    """lm-eval's ``local-completions`` against the server (its options: the launch YAML) answers the shipped
+    ``dllm_arithmetic`` examples as ``--model dllm`` does with the same policy (issue 35.2)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval_routes import CANVAS, embedded, served as through
+
+    s, srv, _, _ = served
+    model_dir = ROOT / "models" / s.model
+    assert through(srv.url, model_dir) == embedded(model_dir, **CANVAS, sampler=s.sampler, cache=s.cache)
+
+
+@pytest.mark.parametrize("served", [SOAKED], indirect=True)
 def test_soak_with_hang_ups_and_bad_requests(served):
     """240 requests of 8 prompts x answer lengths, 24 in flight, a fifth of the clients hanging up mid-request,
     bad requests of 18 kinds among them (3 of each): every bad one gets a 4xx naming its problem, no good one is

@@ -69,6 +69,15 @@ def dflash(tmp_path_factory):
         yield srv
 
 
+def test_lm_eval_through_dflash_equals_the_embedded_route(dflash):
+    """lm-eval's ``local-completions`` against the DFLASH server answers the shipped ``dllm_arithmetic`` examples as
+    ``--model dllm`` does with greedy decoding of the same target (issue 35.2; float32: lossless)."""
+    pytest.importorskip("lm_eval")
+    from lm_eval_routes import embedded, served
+
+    assert served(dflash.url, TARGET) == embedded(TARGET, gen_length=24)
+
+
 def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, dflash):
     """``--dtype float32`` (the drafter's config.json names bfloat16: it runs in float32 all the same): 16
     concurrent greedy requests, every answer equals plain decoding's, blocks accepted."""

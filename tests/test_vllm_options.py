@@ -8,7 +8,8 @@ import pytest
 from dllm_core.cache import CanvasCache, DLLMCache, DualCache, PrefixCache
 from dllm_core.engine.request import DecodeOptions
 from dllm_core.sampling import make_sampler
-from integrations.vllm.options import DEFAULTS, request_options, request_plan, server_options, validate_request
+from integrations.vllm.options import (DEFAULTS, check_sampling, request_options, request_plan, server_options,
+                                      validate_request)
 from integrations.vllm.serve import fold_dllm_flags
 
 
@@ -79,6 +80,28 @@ def test_admission_check_rejects_logprobs():
     validate_request(SimpleNamespace(extra_args={"dllm_sampler": "factor"}, logprobs=None, prompt_logprobs=None))
     with pytest.raises(ValueError, match="logprobs: not supported"):
         validate_request(SimpleNamespace(extra_args=None, logprobs=2, prompt_logprobs=None))
+
+
+def test_openai_temperature_and_seed():
+    """OpenAI clients (lm-eval's local-completions) send ``temperature`` 0 and a ``seed``: the temperature is the
+    sampler's proposal temperature (1.0, vLLM's default, reads as unset), a seed is refused only where the decode
+    samples (the generator is server-wide); vLLM's other refusals stay."""
+    assert request_options(None, DEFAULTS, 0.0).temperature == 0.0
+    assert request_options(None, DEFAULTS, 1.0) == DEFAULTS
+    assert request_options(None, DEFAULTS, 0.7).temperature == 0.7
+    assert request_options({"dllm_temperature": 0.7}, DEFAULTS, 0.7).temperature == 0.7
+    with pytest.raises(ValueError, match="temperature 0.0 and extra_args.dllm_temperature 0.5 differ"):
+        request_options({"dllm_temperature": 0.5}, DEFAULTS, 0.0)
+    sp = dict(extra_args=None, logprobs=None, prompt_logprobs=None, max_tokens=8)
+    validate_request(SimpleNamespace(**sp, temperature=0.0, seed=1234))  # greedy: the seed changes nothing
+    with pytest.raises(ValueError, match="seed: a sampled diffusion decode draws from the server's generator"):
+        validate_request(SimpleNamespace(**sp, temperature=0.8, seed=1234))
+    ok = dict(min_p=0.0, logit_bias=None, bad_words=[], allowed_token_ids=None, min_tokens=0)
+    check_sampling(SimpleNamespace(**ok))
+    for field, value, msg in [("min_p", 0.1, "min_p: not supported"), ("logit_bias", {1: 2.0}, "logit_bias: not"),
+                              ("min_tokens", 4, "min_tokens: a diffusion decode does not do a minimum answer length")]:
+        with pytest.raises(ValueError, match=msg):
+            check_sampling(SimpleNamespace(**{**ok, field: value}))
 
 
 def test_launcher_folds_dllm_flags_into_additional_config():

@@ -1,18 +1,7 @@
-"""A cache policy over the whole response (``cache: prefix`` / ``dual`` / ``dllm``, any dllm_core policy that
-refreshes the prefix) in SGLang's block scheduler, with the embedded engine's semantics: each request's response
-is one canvas of ``max_new_tokens`` positions (whole blocks) after its prompt, and SGLang's block is only a
-window onto it (``integrations/sglang/README.md``).
-
-* ``ResponseHost`` (algorithm side) runs the request on the core's lifecycle (``ResponseSlots``): every forward of
-  a request being decoded is one step (``begin`` / ``plan`` -> forward -> ``take``) and SGLang's block ids mirror
-  the canvas; prompt prefills and forwards after the response is decoded compute nothing;
-* ``ResponseForward`` (model side) runs every position [0, P + G) of each live request as the core's
-  ``PackedStep`` (its prompt and its response parts, features per request) with SGLang's layers, writes the
-  prompt's recomputed K/V into SGLang's pool, and returns the canvas block's logits (``full_logits`` row
-  ``b * L + j`` = position ``start + j`` of request b).
-
-SGLang passes the requests' prompt ids and ``max_new_tokens`` to neither: the plugin's ``ForwardBatch.init_new``
-hook hands them over (``BATCH``).
+"""A policy that refreshes the prefix (``cache: prefix`` / ``dual`` / ``dllm``) in SGLang's block scheduler, with the
+embedded engine's semantics: each response one canvas after its prompt, SGLang's block a window onto it.
+``ResponseHost`` (algorithm side) steps each request on the core's ``ResponseSlots``; ``ResponseForward`` (model
+side) runs each live request's positions [0, P + G) as the core's ``PackedStep`` (``integrations/sglang/README.md``).
 """
 from __future__ import annotations
 

@@ -22,6 +22,7 @@ def register() -> None:
     from vllm.tokenizers.registry import TokenizerRegistry
 
     from .configs import config_hook, register_configs
+    from .options import patch_diffusion_check
 
     register_configs()
     TokenizerRegistry.register("dllm", "vllm.tokenizers.hf", "CachedHfTokenizer")  # + prompt admission:
@@ -30,4 +31,5 @@ def register() -> None:
     for arch, target in ARCHITECTURES.items():
         ModelRegistry.register_model(arch, target)
         MODELS_CONFIG_MAP[arch] = hook
+    patch_diffusion_check(ARCHITECTURES)  # OpenAI temperature / seed (options.check_sampling)
     _registered = True

@@ -1,16 +1,7 @@
-"""LLaDA and Dream written with vLLM's layers, served through vLLM's diffusion pathway.
-
-vLLM hands the model flat tokens (``[N]`` ids / positions) of a mixed batch: prompt prefills,
-denoise steps and commit steps of different requests. Attention is vLLM's paged attention with a
-per-request causal flag (all 0 here: the prompt, the canvas and the commit are bidirectional
-over the paged prefix + the tokens of the step). Sizes and checkpoint key names come from
-dllm_core's native model classes (``hf_keys``), so both stacks read the same HF checkpoints.
-
-What the step is about lives in ``self.dllm_state.plan`` (set by the ModelState right before the
-forward): which final hidden rows to keep (Dream's shifted logits) and, for requests using the
-response-side cache, dllm_core's ``CachedStep``: the core executor runs those layers
-(``dllm_core.cache.executor``); each ``DiffusionBlock`` only supplies its primitives (``qkv``,
-``value``, ``attend``, ``ffn``) in vLLM's layers.
+"""LLaDA and Dream with vLLM's layers (paged attention, per-request causal flag 0), served through vLLM's diffusion
+pathway; sizes and checkpoint keys from dllm_core's model classes. The step's plan (``self.dllm_state.plan``, set by
+the ModelState) says which rows to keep (Dream's shift) and which layers run cached (the core's ``CachedStep``;
+each ``DiffusionBlock`` supplies ``qkv`` / ``value`` / ``attend`` / ``ffn``).
 """
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 from dllm_core.engine.host_options import Served
-from dllm_core.engine.request import DecodeOptions, build_cached
+from dllm_core.engine.request import DecodeOptions, build_cached, not_decoded_error
 
 PREFIX = "dllm_"
 SERVER, REQUEST = "--additional-config dllm.", f"extra_args.{PREFIX}"
@@ -33,12 +33,48 @@ def server_options(additional_config) -> DecodeOptions:
     return SERVED.check(DecodeOptions.build(raw, SERVER, DEFAULTS), SERVER)
 
 
-def request_options(extra_args, base: DecodeOptions) -> DecodeOptions:
-    """``base`` overridden by a request's ``extra_args`` keys ``dllm_<option>``."""
+def request_options(extra_args, base: DecodeOptions, temperature: float | None = None) -> DecodeOptions:
+    """``base`` overridden by a request's ``extra_args`` keys ``dllm_<option>``; the request's own ``temperature``
+    (OpenAI's; 1.0 is vLLM's default, read as unset) is the sampler's proposal temperature (0: greedy)."""
     raw = {k[len(PREFIX):]: v for k, v in (extra_args or {}).items() if k.startswith(PREFIX)}
     if "seed" in raw:
         raise ValueError(f"{REQUEST}seed: the seed is server-wide (--additional-config dllm.seed)")
+    if temperature is not None and temperature != 1.0:
+        t = float(temperature) if temperature > 1e-5 else 0.0  # vLLM's greedy threshold
+        if raw.setdefault("temperature", t) != t:
+            raise ValueError(f"temperature {temperature} and {REQUEST}temperature {raw['temperature']} differ: "
+                             f"send one of them")
     return SERVED.check(build_cached(raw, REQUEST, base, REQUEST_KEYS))
+
+
+UNSUPPORTED = ("min_p", "logit_bias", "bad_words", "allowed_token_ids")  # vLLM's own diffusion check, less two
+
+
+def check_sampling(sampling_params) -> None:
+    """vLLM's diffusion check of a request's sampling fields for our models (it refuses every ``temperature`` but
+    1.0 and any ``seed``; OpenAI clients such as lm-eval send temperature 0 and a seed): the temperature is the
+    sampler's (``request_options``), a seed is refused by ``validate_request`` only where a decode samples."""
+    for field in UNSUPPORTED:
+        value = getattr(sampling_params, field, None)
+        if value and (field != "min_p" or value > 1e-5):
+            raise ValueError(f"{field}: not supported for diffusion models served by the dllm adapter")
+    if (getattr(sampling_params, "min_tokens", 0) or 0) > 0:
+        raise ValueError(not_decoded_error({"min_tokens": "min_tokens"}))
+
+
+def patch_diffusion_check(architectures) -> None:
+    """``SamplingParams._validate_diffusion`` -> ``check_sampling`` for ``architectures`` (no hook reaches it;
+    ``patches/vllm/README.md``)."""
+    from vllm.sampling_params import SamplingParams
+
+    original = SamplingParams._validate_diffusion
+
+    def _validate_diffusion(self, model_config) -> None:
+        if model_config.is_diffusion and model_config.architecture in architectures:
+            return check_sampling(self)
+        return original(self, model_config)
+
+    SamplingParams._validate_diffusion = _validate_diffusion
 
 
 def request_plan(opts: DecodeOptions, max_tokens: int | None, canvas: int):
@@ -48,8 +84,12 @@ def request_plan(opts: DecodeOptions, max_tokens: int | None, canvas: int):
 
 def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> None:
     """Admission check of one request (raises ValueError with the offending option)."""
-    opts = request_options(getattr(sampling_params, "extra_args", None), defaults or SERVED.defaults)
+    opts = request_options(getattr(sampling_params, "extra_args", None), defaults or SERVED.defaults,
+                           getattr(sampling_params, "temperature", None))
     SERVED.admit(opts, getattr(sampling_params, "max_tokens", None))
+    if getattr(sampling_params, "seed", None) is not None and opts.temperature > 0:
+        raise ValueError(f"seed: a sampled diffusion decode draws from the server's generator (--additional-config "
+                         f"dllm.seed), not a per-request seed; send no seed (a greedy decode ignores it)")
     for field in ("logprobs", "prompt_logprobs"):
         if getattr(sampling_params, field, None) is not None:
             raise ValueError(f"{field}: not supported for diffusion models served by the dllm adapter")

@@ -1,14 +1,5 @@
-"""vLLM's diffusion scheduler with the canvas cut at ``max_tokens``.
-
-vLLM schedules every canvas at the served ``canvas_length`` (only ``max_model_len`` cuts it), so a
-request's last canvas runs positions past its ``max_tokens`` and a finished block cannot leave the
-canvas. Selected by the config hook (``scheduler_cls``, a vLLM option; no patch): a canvas never
-extends past the whole blocks that hold the request's ``max_tokens`` (dllm_core's response rule, as
-``gen_length`` in the embedded engine; vLLM's stop check emits ``max_tokens`` of them). With ``stream`` requests a
-commit emits one block and the next canvas is the rest of the response (the masked suffix of
-Fast-dLLM's DualCache stays in the canvas). A block-causal model (LLaDA2) decodes one grid block per canvas,
-the last one whole (as the embedded engine does): its canvas runs to the end of its grid block and the commit's
-tokens past ``max_tokens`` are cut by vLLM's stop check.
+"""vLLM's diffusion scheduler with each canvas cut at the whole blocks holding ``max_tokens`` (the core's response
+rule; selected by the config hook as ``scheduler_cls``, no patch). ``docs/vllm.md`` has the canvas rules.
 """
 from __future__ import annotations
 
@@ -30,7 +21,7 @@ class DllmScheduler(DiffusionScheduler):
     def decoded(self, request) -> int:
         """Positions the request decodes: ``max_tokens`` in whole blocks (dllm_core's response rule)."""
         sp = request.sampling_params
-        return self.served.plan(options.request_options(sp.extra_args, self.served.defaults), sp.max_tokens).decoded
+        return self.served.plan(options.request_options(sp.extra_args, self.served.defaults, sp.temperature), sp.max_tokens).decoded
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         for i, (req_id, ids) in enumerate(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)):

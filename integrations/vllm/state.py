@@ -1,11 +1,7 @@
-"""vLLM's ModelState for LLaDA / Dream / LLaDA2 and its side of the core's request lifecycle (``DllmStates``).
-
-A request runs as: prefill (prompt, bidirectional) -> denoise steps over the canvas -> commit step (emits the
-canvas, its K/V stay in the paged cache) -> the next canvas. The canvas rides vLLM's draft-token path; ``phase``
-says what a slot's next canvas step is. A policy that refreshes the prefix (Fast-dLLM, dLLM-Cache) re-runs the
-request's paged prefix with the masked canvas present: its rows are added to vLLM's scheduled rows (an
-``Extension`` with its own attention metadata), so vLLM's paged attention writes the fresh prefix K/V in place;
-the core's ``HostPlan`` says which rows run and which reuse their stored features (``docs/architecture.md``).
+"""vLLM's ModelState for LLaDA / Dream / LLaDA2 and its side of the core's request lifecycle (``DllmStates``):
+prefill -> denoise steps over the canvas (vLLM's draft-token path) -> commit step (emits it) -> the next canvas. A
+policy that refreshes the prefix adds the request's prefix rows to vLLM's rows (``Extension``), so the paged
+attention rewrites their K/V in place; the core's ``HostPlan`` says what runs (``docs/architecture.md``).
 """
 from __future__ import annotations
 
@@ -90,7 +86,8 @@ class DllmStates:
         return self.slots.token_layers
 
     def add(self, slot: int, sampling_params, prompt_len: int, req_id: str | None = None) -> None:
-        opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults)
+        opts = request_options(getattr(sampling_params, "extra_args", None), self.defaults,
+                               getattr(sampling_params, "temperature", None))
         plan = self.served.plan(opts, getattr(sampling_params, "max_tokens", None))
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
         if cache.picks and self.tp > 1:  # V-verify picks per shard would differ
