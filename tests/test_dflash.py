@@ -1,6 +1,7 @@
 """DFlash drafter: reference-equal logits, checkpoint format, lossless greedy + sampled verification,
 the sparse training mask, and a tiny resumable training run (all on a locally built Qwen3 target)."""
 import json
+import random
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 from dllm_core.drafters import (DFlashConfig, SamplingParams, SpecConfig, accept_greedy, accept_sampled,
                                 ar_generate, load_drafter, save_drafter, speculative_generate)
+from dllm_core.drafters.adaptive import AdaptiveDraft
 from dllm_core.drafters.blocks import IGNORE, block_mask, loss_weights, pack_blocks, sample_anchors
 from dllm_core.drafters.sampling import Emitter, clip_at_stop, probs_from_logits, target_choice
 from dllm_core.drafters.speculative import crop_cache
@@ -488,3 +490,75 @@ def test_shipped_drafter_lossless_and_accepts():
             assert s.tokens == ar_generate(target, p, cfg).tokens
             lengths += s.accept_lengths
     assert sum(lengths) / len(lengths) >= 3, lengths
+
+
+# --- adaptive draft length (dllm_core/drafters/adaptive.py) -----------------------------------------------------
+def test_adaptive_options():
+    assert AdaptiveDraft(15).candidates == (0, 1, 2, 4, 8, 15)
+    assert AdaptiveDraft(1).candidates == (0, 1)
+    assert AdaptiveDraft(8, candidates=(8, 0, 3)).candidates == (0, 3, 8)
+    with pytest.raises(ValueError, match="candidates must hold 0"):
+        AdaptiveDraft(8, candidates=(1, 8))
+    with pytest.raises(ValueError, match="candidates must be in \\[0, 8\\], got 9"):
+        AdaptiveDraft(8, candidates=(0, 9))
+    with pytest.raises(ValueError, match="margin must be > 0.0"):
+        AdaptiveDraft(8, margin=0)
+
+
+def simulate(policy, batch: int, p: float, cost, steps: int = 400, seed: int = 0) -> tuple[float, float, list[int]]:
+    """A host with per-draft acceptance ``p`` and step time ``cost(batch, k)``: (tokens per second per request under
+    the policy, plain decoding's, the last 50 choices)."""
+    rng = random.Random(seed)
+    tokens = seconds = 0.0
+    chosen = []
+    for _ in range(steps):
+        k = policy.choose(batch)
+        acc = [next((i for i in range(k) if rng.random() > p), k) for _ in range(batch)]
+        t = cost(batch, k)
+        policy.observe(batch, k, t, acc if k else ())
+        tokens, seconds = tokens + sum(a + 1 for a in acc) / batch, seconds + t
+        chosen.append(k)
+    return tokens / seconds, 1 / cost(batch, 0), chosen[-50:]
+
+
+def cpu_like(batch: int, k: int) -> float:
+    """Drafter forward (when drafting) + a verify forward whose time grows with its tokens."""
+    return (0.004 if k else 0.0) + 0.003 + 0.0004 * batch * (k + 1)
+
+
+@pytest.mark.parametrize("batch, p", [(1, 0.9), (1, 0.0), (4, 0.8), (4, 0.95), (16, 0.9), (64, 0.5)])
+def test_adaptive_length_is_never_slower_than_plain(batch, p):
+    """On a cost curve like this CPU's, in steady state (1,000 steps): the policy's tokens/s are at least plain
+    decoding's (less its measurements, at most 2 %) and, where a fixed draft length beats plain decoding, within 10 %
+    of the best fixed length (the issue's target); plain decoding where every length loses."""
+    rate, plain, chosen = simulate(AdaptiveDraft(15).new(), batch, p, cpu_like, steps=1000)
+    fixed = max(sum(p ** i for i in range(k + 1)) / cpu_like(batch, k) for k in range(1, 16))  # expected rates
+    assert rate >= 0.98 * plain
+    if fixed > plain:
+        assert rate >= 0.9 * fixed
+    if fixed > 1.1 * plain:
+        assert chosen.count(0) <= 5
+    if fixed < plain:
+        assert chosen.count(0) >= 45
+
+
+def test_adaptive_length_follows_a_change_in_acceptance():
+    policy = AdaptiveDraft(8).new()
+    simulate(policy, 1, 0.95, cpu_like)
+    assert policy.choose(1) == 8
+    simulate(policy, 1, 0.0, cpu_like, seed=1)  # the drafts stop being accepted: plain decoding
+    assert [policy.choose(1) for _ in range(20)].count(0) >= 18
+
+
+@pytest.mark.parametrize("candidates", [None, (0,)])
+def test_adaptive_speculative_equals_ar(target, trained_drafter, text_prompts, candidates):
+    """Lossless whatever lengths it chooses (plain steps included: the drafter's context keeps their features)."""
+    cfg = SpecConfig(max_new_tokens=40, block_size=8)
+    lengths = AdaptiveDraft(7, candidates=candidates).new()
+    for p in text_prompts[:4]:
+        s = speculative_generate(target, trained_drafter, p, cfg, lengths)
+        assert s.tokens == ar_generate(target, p, cfg).tokens
+        if candidates == (0,):
+            assert set(s.accept_lengths) == {1}  # plain steps only
+    measured = {k for _, k in lengths.time}  # step times reported for the lengths run
+    assert (measured == {0}) if candidates == (0,) else ({0, 1} <= measured)

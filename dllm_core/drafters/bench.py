@@ -5,12 +5,15 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
+from .adaptive import AdaptiveDraft, DraftLength
 from .sampling import SamplingParams, add_sampling_args
 from .speculative import SpecConfig, ar_generate, speculative_generate
 
 
-def compare(target, drafter, prompts: list[list[int]], cfg: SpecConfig, warmup: bool = True) -> dict:
-    """Decode every prompt with AR and with DFlash (interleaved, so machine noise hits both alike).
+def compare(target, drafter, prompts: list[list[int]], cfg: SpecConfig, warmup: bool = True,
+            lengths: DraftLength | None = None) -> dict:
+    """Decode every prompt with AR and with DFlash (interleaved, so machine noise hits both alike); with ``lengths``
+    also with DFlash at the adaptive draft length (an engine's ``DraftLength``: kept over all the prompts).
 
     mean_accept = tokens emitted by verification forwards / number of those forwards (tau, bonus included);
     speedup = AR seconds per token / DFlash seconds per token; identical = fraction of prompts whose outputs
@@ -21,21 +24,30 @@ def compare(target, drafter, prompts: list[list[int]], cfg: SpecConfig, warmup: 
         short = replace(cfg, max_new_tokens=min(cfg.max_new_tokens, 8))
         ar_generate(target, prompts[0], short)
         speculative_generate(target, drafter, prompts[0], short)
-    ar_s = sp_s = 0.0
-    ar_n = sp_n = same = 0
-    lengths: list[int] = []
+    secs, toks = {"ar": 0.0, "dflash": 0.0, "adaptive": 0.0}, {"ar": 0, "dflash": 0, "adaptive": 0}
+    same = {"dflash": 0, "adaptive": 0}
+    lengths_seen: list[int] = []
     for i, p in enumerate(prompts):
         c = replace(cfg, seed=cfg.seed + i)
-        a = ar_generate(target, p, c)
-        s = speculative_generate(target, drafter, p, c)
-        ar_s, ar_n = ar_s + a.seconds, ar_n + len(a.tokens)
-        sp_s, sp_n = sp_s + s.seconds, sp_n + len(s.tokens)
-        same += a.tokens == s.tokens
-        lengths += s.accept_lengths
-    return {"prompts": len(prompts), "mean_accept": sum(lengths) / max(len(lengths), 1),
-            "verify_steps": len(lengths), "ar_seconds": ar_s, "dflash_seconds": sp_s,
-            "ar_tokens": ar_n, "dflash_tokens": sp_n,
-            "speedup": (ar_s / max(ar_n, 1)) / (sp_s / max(sp_n, 1)), "identical": same / len(prompts)}
+        runs = {"ar": ar_generate(target, p, c), "dflash": speculative_generate(target, drafter, p, c)}
+        if lengths is not None:
+            runs["adaptive"] = speculative_generate(target, drafter, p, c, lengths)
+        for name, r in runs.items():
+            secs[name], toks[name] = secs[name] + r.seconds, toks[name] + len(r.tokens)
+            if name != "ar":
+                same[name] += r.tokens == runs["ar"].tokens
+        lengths_seen += runs["dflash"].accept_lengths
+    per_token = {k: secs[k] / max(toks[k], 1) for k in secs}
+    out = {"prompts": len(prompts), "mean_accept": sum(lengths_seen) / max(len(lengths_seen), 1),
+           "verify_steps": len(lengths_seen), "ar_seconds": secs["ar"], "dflash_seconds": secs["dflash"],
+           "ar_tokens": toks["ar"], "dflash_tokens": toks["dflash"],
+           "speedup": per_token["ar"] / per_token["dflash"], "identical": same["dflash"] / len(prompts)}
+    if lengths is not None:
+        out.update(adaptive_seconds=secs["adaptive"], adaptive_tokens=toks["adaptive"],
+                   adaptive_speedup=per_token["ar"] / per_token["adaptive"],
+                   adaptive_identical=same["adaptive"] / len(prompts),
+                   adaptive_rates={k: round(v, 2) for k, v in lengths.rates(1).items()})
+    return out
 
 
 def add_parser(sub) -> None:
@@ -49,6 +61,7 @@ def add_parser(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     add_sampling_args(p)
     p.add_argument("--sample-draft", action="store_true", help="sample drafts from q (default: greedy drafter)")
+    p.add_argument("--adaptive", action="store_true", help="also DFlash at the adaptive draft length (adaptive.py)")
     p.add_argument("--no-chat", dest="chat", action="store_false", help="do not apply the chat template")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="cpu")
@@ -72,15 +85,19 @@ def cmd_bench(a) -> int:
     cfg = SpecConfig(a.max_new_tokens, a.block_size, SamplingParams.from_args(a), not a.sample_draft,
                      tuple(stop_ids(tok, target.config)), a.seed)
     rows = {}
+    lengths = AdaptiveDraft((a.block_size or drafter.cfg.block_size) - 1).new() if a.adaptive else None  # all tasks
     for t in tasks:
         prompts = [encode_prompt(tok, ex.prompt, a.chat) for ex in t.examples(a.split, a.n, seed=a.seed)]
-        rows[t.name] = compare(target, drafter, prompts, cfg)
+        rows[t.name] = compare(target, drafter, prompts, cfg, lengths=lengths)
     steps = sum(r["verify_steps"] for r in rows.values())
     total = {"mean_accept": sum(r["mean_accept"] * r["verify_steps"] for r in rows.values()) / max(steps, 1),
              "speedup": (sum(r["ar_seconds"] for r in rows.values()) / sum(r["ar_tokens"] for r in rows.values()))
              / (sum(r["dflash_seconds"] for r in rows.values()) / sum(r["dflash_tokens"] for r in rows.values())),
              "identical": sum(r["identical"] * r["prompts"] for r in rows.values())
              / sum(r["prompts"] for r in rows.values())}
+    if a.adaptive:
+        total["adaptive_speedup"] = (sum(r["ar_seconds"] for r in rows.values()) / sum(r["ar_tokens"] for r in rows.values())) \
+            / (sum(r["adaptive_seconds"] for r in rows.values()) / sum(r["adaptive_tokens"] for r in rows.values()))
     print(json.dumps({"block_size": a.block_size or drafter.cfg.block_size, "temperature": a.temperature,
                       "split": a.split, "tasks": rows, "all": total}, indent=2))
     return 0

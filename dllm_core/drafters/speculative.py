@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .adaptive import DraftLength
 from .dflash import DFlashDrafter
 from .sampling import Emitter, SamplingParams, probs_from_logits, sample_probs, target_choice
 from .verify import accept_chain
@@ -88,8 +89,11 @@ def ar_generate(target, prompt: list[int], cfg: SpecConfig) -> DecodeResult:
 
 
 @torch.inference_mode()
-def speculative_generate(target, drafter: DFlashDrafter, prompt: list[int], cfg: SpecConfig) -> DecodeResult:
-    """Lossless DFlash speculative decoding of one prompt (list of ids) on ``target``."""
+def speculative_generate(target, drafter: DFlashDrafter, prompt: list[int], cfg: SpecConfig,
+                         lengths: DraftLength | None = None) -> DecodeResult:
+    """Lossless DFlash speculative decoding of one prompt (list of ids) on ``target``. ``lengths``: the engine's
+    adaptive draft length (``adaptive.py``: each step verifies the drafts it chooses, 0 = a plain step, and
+    reports its time); None: every step verifies a whole block."""
     from transformers import DynamicCache
 
     dev = target.device
@@ -103,29 +107,35 @@ def speculative_generate(target, drafter: DFlashDrafter, prompt: list[int], cfg:
     pos = len(prompt)  # position of `last`
     emit = Emitter(cfg.max_new_tokens, cfg.stop_token_ids)
     emit([int(last)])
-    lengths: list[int] = []
+    accepted: list[int] = []
     while not emit.done:
         q = min(bs, cfg.max_new_tokens - len(emit.tokens))  # verify q tokens -> at most q new ones
+        k = q - 1 if lengths is None else min(lengths.choose(1), q - 1)  # drafts verified this step
+        t = _now(dev) if lengths is not None else 0.0
         block = torch.full((1, q), drafter.cfg.mask_token_id, device=dev)
         block[:, 0] = last
         dprobs = None
-        if q > 1:
+        if k:
             positions = torch.arange(pos - feats.shape[1], pos + q, device=dev)[None]  # [1, C+q]
             h = drafter(drafter.embed(block), feats, positions, cache=dcache)  # [1, q, H]
             crop_cache(dcache, pos)  # keep context K/V only
-            dlogits = drafter.logits(h[:, 1:])  # [1, q-1, V]
+            dlogits = drafter.logits(h[:, 1:k + 1])  # [1, k, V]
             if cfg.sampling.greedy or cfg.greedy_draft:
-                block[:, 1:] = dlogits.argmax(-1)
+                block[:, 1:k + 1] = dlogits.argmax(-1)
             else:
                 dprobs = probs_from_logits(dlogits, cfg.sampling)
-                block[:, 1:] = sample_probs(dprobs, g)
+                block[:, 1:k + 1] = sample_probs(dprobs, g)
+        block = block[:, :k + 1]
         out = target(block, past_key_values=tcache, use_cache=True, output_hidden_states=q > 1)
         acc = accept_chain(block[:, 1:], out.logits, cfg.sampling, dprobs, g)
         n = int(acc.num_accepted)
-        lengths.append(len(emit(block[0, 1:n + 1].tolist() + [int(acc.next_token)])))
+        accepted.append(len(emit(block[0, 1:n + 1].tolist() + [int(acc.next_token)])))
         crop_cache(tcache, pos + n + 1)
-        if q > 1:  # (q == 1 only on the last step or with block size 1, where the drafter is unused)
-            feats = drafter.features(out.hidden_states)[:, :n + 1]
+        if q > 1:  # the drafter's unseen context: these n + 1 tokens (after a plain step: appended)
+            new = drafter.features(out.hidden_states)[:, :n + 1]
+            feats = new if k else torch.cat([feats, new], 1)
+        if lengths is not None:
+            lengths.observe(1, k, _now(dev) - t, [n] if k else ())
         pos += n + 1
         last = acc.next_token
-    return DecodeResult(emit.tokens, lengths, _now(dev) - t0)
+    return DecodeResult(emit.tokens, accepted, _now(dev) - t0)

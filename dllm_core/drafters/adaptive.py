@@ -1,0 +1,143 @@
+"""Adaptive draft length: how many drafted tokens a speculative step verifies (0 = a plain decoding step), from the
+batch size and the measured acceptance, so that speculation runs only where it is faster than plain decoding.
+
+Cost model (``docs/dflash.md`` "Adaptive draft length"). With b requests in the step and k drafts each:
+
+    plain step         time T(b, 0)      tokens per request 1
+    speculative step   time T(b, k)      tokens per request E(k) = 1 + sum_{i=1..k} s_i
+                       (drafter forward + target verify over b (k + 1) tokens)
+
+where s_i is the measured probability that the first i drafts are all accepted. The policy picks the k of the
+candidates with the most tokens per second, E(k) / T(b, k), and k = 0 unless that beats plain decoding by
+``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
+(``observe``); times are kept per batch-size bucket (powers of two) and k as moving averages, so the policy
+follows the host's real costs (a GPU verify that is free up to some tokens, a CPU one that grows with them).
+Unmeasured (bucket, k) cells are measured first, shortest first, a longer one only while its rate predicted from the
+step times of shorter ones may compete (so a large batch never pays for a long useless draft); every ``explore_every`` steps a bucket re-measures the best-rated
+length above its choice when it may compete (from plain decoding: always, which also measures the acceptance
+again), so a change in acceptance or cost is seen at a bounded price. Lossless by construction: it only
+chooses how many drafts the lossless verifier sees.
+
+One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
+options (frozen, validated).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from ..options import check_min, check_range
+
+PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
+
+
+@dataclass(frozen=True)
+class AdaptiveDraft:
+    """Options: ``max_draft`` (the drafter's most drafts per step), ``candidates`` (draft lengths tried; default
+    0, 1, 2, 4, ... up to ``max_draft``), ``margin`` (speculate when its tokens/s exceed plain's times this),
+    ``explore_every`` (steps between re-measurements per bucket), ``time_decay`` / ``accept_decay`` (weight of the
+    past in the step-time averages, per step of the bucket and length, and in the acceptance counts, per step)."""
+
+    max_draft: int
+    candidates: tuple[int, ...] | None = None
+    margin: float = 1.0
+    explore_every: int = 128
+    time_decay: float = 0.9
+    accept_decay: float = 0.99
+
+    def __post_init__(self):
+        check_min(self.max_draft, 1, "max_draft")
+        check_min(self.margin, 0.0, "margin", strict=True)
+        check_min(self.explore_every, 1, "explore_every")
+        check_range(self.time_decay, 0.0, 0.999, "time_decay")
+        check_range(self.accept_decay, 0.0, 0.999, "accept_decay")
+        if self.candidates is None:
+            ks, k = [0], 1
+            while k < self.max_draft:
+                ks.append(k)
+                k *= 2
+            object.__setattr__(self, "candidates", (*ks, self.max_draft))
+        for k in self.candidates:
+            check_range(k, 0, self.max_draft, "candidates")
+        if 0 not in self.candidates or len(set(self.candidates)) != len(self.candidates):
+            raise ValueError(f"candidates must hold 0 (plain decoding) once and no length twice, got "
+                             f"{list(self.candidates)}")
+        object.__setattr__(self, "candidates", tuple(sorted(self.candidates)))
+
+    def new(self) -> "DraftLength":
+        return DraftLength(self)
+
+
+def bucket(batch: int) -> int:
+    """The batch-size bucket of ``batch`` requests: the largest power of two <= batch."""
+    return 1 << (max(batch, 1).bit_length() - 1)
+
+
+class DraftLength:
+    """An engine's measurements and the choice they give: ``choose(batch)`` -> k, ``observe(...)`` after the step."""
+
+    def __init__(self, opts: AdaptiveDraft):
+        self.opts = opts
+        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step (moving average)
+        self.steps: dict[int, int] = {}  # bucket -> steps decided
+        self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
+        self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
+
+    def survival(self) -> list[float]:
+        """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
+        above s_{i-1}; a length never offered yet: the last measured conditional rate carried on)."""
+        s, rate = [1.0], 1.0
+        for i in range(1, self.opts.max_draft + 1):
+            if self.reached[i] > 0:
+                si = min(self.passed[i] / self.reached[i], s[-1])
+                rate = si / s[-1] if s[-1] > 0 else 0.0
+            else:
+                si = s[-1] * rate
+            s.append(si)
+        return s
+
+    def expected_tokens(self, k: int) -> float:
+        """E(k): tokens a request gains from a step verifying k drafts (the bonus token included)."""
+        return sum(self.survival()[:k + 1])
+
+    def rates(self, batch: int) -> dict[int, float]:
+        """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent)."""
+        b = bucket(batch)
+        s = self.survival()
+        return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
+
+    def predicted(self, b: int, k: int) -> float:
+        """An unmeasured length's rate in bucket ``b``: E(k) over the step time extrapolated linearly in k from the
+        two longest lengths measured below it."""
+        (k1, t1), (k2, t2) = sorted((j, t) for (bb, j), t in self.time.items() if bb == b and j < k)[-2:]
+        return self.expected_tokens(k) / max(t2 + (t2 - t1) / (k2 - k1) * (k - k2), 1e-12)
+
+    def choose(self, batch: int) -> int:
+        """The draft length for a step of ``batch`` requests."""
+        b, ks = bucket(batch), self.opts.candidates
+        n = self.steps[b] = self.steps.get(b, 0) + 1
+        rates = self.rates(batch)
+        for k in ks:  # shortest first; a longer one only while its predicted rate may compete
+            if k not in rates and (len(rates) < 2 or self.predicted(b, k) >= PROBE * max(rates.values())):
+                return k
+        best = max(rates, key=rates.get)
+        if best and rates[best] < self.opts.margin * rates[0]:
+            best = 0
+        if n % self.opts.explore_every == 0:  # re-measure the best-rated longer length, if it may compete
+            up = {k: r for k, r in rates.items() if k > best}
+            probe = max(up, key=up.get) if up else best
+            if best == 0 or up.get(probe, 0) >= PROBE * rates[best]:
+                return probe
+        return best
+
+    def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = ()) -> None:
+        """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
+        accepted per request (k > 0)."""
+        d = self.opts.time_decay
+        key = (bucket(batch), k)
+        self.time[key] = seconds if key not in self.time else d * self.time[key] + (1 - d) * seconds
+        d = self.opts.accept_decay
+        if k and accepted:
+            for i in range(1, k + 1):
+                self.reached[i] = d * self.reached[i] + len(accepted)
+                self.passed[i] = d * self.passed[i] + sum(a >= i for a in accepted)
