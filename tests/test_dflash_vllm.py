@@ -140,3 +140,40 @@ def test_sglang_parses_our_config(pair):
         assert parsed.mask_token_id == raw["dflash_config"]["mask_token_id"]
         assert parsed.resolve_target_layer_ids(target_num_layers=n_target) == raw["dflash_config"]["target_layer_ids"]
         assert parsed.conv_kernel_size == 0 and parsed.selector_rank == 0 and parsed.projector_type is None
+
+
+def test_vllm_adaptive_draft_length_is_lossless(pair):
+    """DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``: vLLM's dynamic
+    speculative decoding asks the policy each step; steps that draft nothing skip the drafter's query forward):
+    greedy answers identical to plain decoding, drafts accepted."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
+                 seed=0, disable_log_stats=False, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler",
+                 speculative_config={"method": "dflash", "model": str(pair["drafter"]),
+                                     "num_speculative_tokens": SPEC_TOKENS})
+    try:
+        outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
+                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=pair["stop"]),
+                               use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
+        m = spec_metrics(engine)
+        assert m["vllm:spec_decode_num_drafts"] > 0 and m["vllm:spec_decode_num_accepted_tokens"] > 0
+    finally:
+        engine.llm_engine.engine_core.shutdown()
+
+
+def test_draft_lengths_answer_vllms_table_and_take_its_steps():
+    """The scheduler side without an engine: vLLM's batch size -> draft count lookup is the policy's choice; a
+    decode-only step reports its batch, draft count and acceptance; a step with a prefill reports nothing."""
+    from dllm_core.drafters.adaptive import AdaptiveDraft
+    from integrations.vllm.spec import DraftLengths
+
+    table = DraftLengths(AdaptiveDraft(4).new())
+    assert table[2] == 0  # unmeasured: the shortest first
+    table.done({"a": 5, "b": 5}, {"a": 4, "b": 4}, {"a": 3, "b": 1})
+    assert table.lengths.time.keys() == {(2, 4)} and table.lengths.passed[2] == 1.0  # "a" accepted 2 of 4, "b" 0
+    table.done({"a": 5, "c": 30}, {"a": 4}, {"a": 5, "c": 1})  # "c" prefills: not a decode step's time
+    assert table.lengths.time.keys() == {(2, 4)}

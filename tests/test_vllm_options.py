@@ -1,6 +1,7 @@
 """dLLM options in vLLM's vocabulary (no engine): --additional-config, extra_args / vllm_xargs,
 the admission check and the ``--dllm-*`` launcher flags."""
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 
 import pytest
@@ -8,8 +9,7 @@ import pytest
 from dllm_core.cache import CanvasCache, DLLMCache, DualCache, PrefixCache
 from dllm_core.engine.request import DecodeOptions
 from dllm_core.sampling import make_sampler
-from integrations.vllm.options import (DEFAULTS, check_sampling, request_options, request_plan, server_options,
-                                      validate_request)
+from integrations.vllm.options import DEFAULTS, SERVED, check_sampling, request_options, server_options, validate_request
 from integrations.vllm.serve import fold_dllm_flags
 
 
@@ -21,6 +21,10 @@ def test_server_wide_options_from_additional_config():
     assert server_options({"dllm": {"cache": "canvas:kr=4"}}).cache == CanvasCache(kr=4)
     assert server_options({"dllm": {"cache": "prefix:every=4"}}).cache == PrefixCache(every=4)
     assert server_options({"other_plugin": 1}) == DEFAULTS
+
+
+def request_plan(opts, max_tokens, canvas):
+    return replace(SERVED, canvas_length=canvas).plan(opts, max_tokens)  # the core's rule on the served canvas
 
 
 def test_steps_is_the_total_over_the_response():

@@ -23,8 +23,9 @@ options (frozen, validated).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Hashable, Mapping, Sequence
 
 from ..options import check_min, check_range
 
@@ -107,9 +108,12 @@ class DraftLength:
         return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
 
     def predicted(self, b: int, k: int) -> float:
-        """An unmeasured length's rate in bucket ``b``: E(k) over the step time extrapolated linearly in k from the
-        two longest lengths measured below it."""
-        (k1, t1), (k2, t2) = sorted((j, t) for (bb, j), t in self.time.items() if bb == b and j < k)[-2:]
+        """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
+        two measured lengths nearest to it (inf with fewer than two: to be measured)."""
+        near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b))[:2]
+        if len(near) < 2:
+            return float("inf")
+        (_, k1, t1), (_, k2, t2) = near
         return self.expected_tokens(k) / max(t2 + (t2 - t1) / (k2 - k1) * (k - k2), 1e-12)
 
     def choose(self, batch: int) -> int:
@@ -141,3 +145,23 @@ class DraftLength:
             for i in range(1, k + 1):
                 self.reached[i] = d * self.reached[i] + len(accepted)
                 self.passed[i] = d * self.passed[i] + sum(a >= i for a in accepted)
+
+
+class StepClock:
+    """A host's view of one engine: ``lengths`` asked each step (``choose``), and each step reported as it ends
+    (``done``) with its time since the previous one (a host that steps back to back: the loop's period)."""
+
+    def __init__(self, lengths: DraftLength):
+        self.lengths, self.last = lengths, time.perf_counter()
+
+    def done(self, scheduled: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
+             emitted: Mapping[Hashable, int]) -> None:
+        """A step ended: ``scheduled`` tokens per request, ``drafts`` verified per request, ``emitted`` tokens per
+        request. A decode-only step (every request runs its drafts + 1) reports its batch, draft count, time and the
+        drafts each request accepted; a step with a prefill only restarts the clock."""
+        now = time.perf_counter()
+        seconds, self.last = now - self.last, now
+        k = max(drafts.values(), default=0)
+        if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
+            accepted = [emitted[r] - 1 for r in drafts if r in emitted]
+            self.lengths.observe(len(scheduled), k, seconds, accepted if k else ())

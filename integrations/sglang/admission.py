@@ -1,10 +1,6 @@
-"""Requests a server cannot serve are refused at admission, with HTTP 400 naming the field (SGLang's tokenizer
-manager answers a ``ValueError`` of ``_validate_one_request`` so and keeps serving), instead of reaching the
-scheduler: SGLang 0.5.23 does not check prompt ids against the vocabulary (an id past it, or a negative one, stops
-the scheduler at the embedding, and the server with it), and a diffusion algorithm would ignore what it does not
-decode (``n`` > 1, log-probabilities, grammars, a minimum length, penalties) or hang on it (a regex). The rules are
-the core's (``dllm_core.engine.step.token_range_error``, ``dllm_core.engine.request.not_decoded_error``); this
-file spells SGLang's request fields. Registered by ``plugin.py`` (AFTER ``_validate_one_request``).
+"""Requests a server cannot serve get HTTP 400 naming the field (AFTER ``TokenizerManager._validate_one_request``):
+prompt ids past the vocabulary (they stop SGLang's scheduler) and, on a dLLM server, what a diffusion decode does
+not do; the rules are the core's (``token_range_error``, ``not_decoded_error``), SGLang's field names are here.
 """
 from __future__ import annotations
 

@@ -1,10 +1,6 @@
-"""dllm_core samplers as SGLang dLLM algorithms (``--dllm-algorithm SlowFast`` ...).
-
-SGLang calls ``prepare_inputs`` before and ``step(forward_batch, full_logits, states)`` after every forward of a
-block (``input_ids`` [B * block], ``full_logits`` [B * block, V]). The algorithm hands both to a host on the core's
-request lifecycle (``ResponseSlots``): ``BlockHost`` (SGLang's block canvas: each block a canvas of one block;
-commits written into ``input_ids`` in place; a row is reported done once a forward has seen its block final,
-SGLang's contract for persisting its K/V) or ``response.ResponseHost`` (a policy over the whole response).
+"""dllm_core samplers as SGLang dLLM algorithms (``--dllm-algorithm SlowFast`` ...): ``prepare_inputs`` before and
+``step`` after every forward of a block go to a host on the core's ``ResponseSlots``: ``BlockHost`` (SGLang's block
+canvas; a row is done once a forward has seen its block final, so it persists its K/V) or ``ResponseHost``.
 """
 from __future__ import annotations
 

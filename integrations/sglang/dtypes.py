@@ -1,14 +1,6 @@
-"""Speculative drafters run in the server's ``--dtype`` (the core's rule, ``dllm_core.drafters.dtypes``), in
-SGLang too. Two hooks (registered by ``plugin.py``; ``patches/sglang/README.md`` has the gap):
-
-* SGLang 0.5.23 builds a DFLASH drafter in ``--dtype`` (its draft ``ModelConfig``) but its draft forward takes the
-  target's embeddings of the block, which ``ModelRunner._extend_forward_kwargs`` hands to every model cast to
-  bfloat16: any ``--dtype`` but bfloat16 stopped the server at its first request. ``embeds_in_runner_dtype``
-  (AFTER that method) hands a draft runner's embeddings over in the runner's dtype, cast from the original tensor.
-* ``drafter_launch_checks`` (AFTER ``handle_speculative_decoding``, at launch): the DFLASH drafter's dtype follows
-  the target's, or the launch stops naming ``--dtype`` and the values this SGLang allows.
-
-TokenSwift's heads (``tokenswift.py``) load in ``drafter_dtype`` of the target's LM head.
+"""Speculative drafters in the server's ``--dtype`` (the core's rule, ``dllm_core.drafters.dtypes``): a DFLASH draft
+runner's embeddings in its own dtype (AFTER ``ModelRunner._extend_forward_kwargs``, which casts them to bfloat16)
+and the launch check (AFTER ``handle_speculative_decoding``); ``patches/sglang/README.md`` has the gap.
 """
 from __future__ import annotations
 

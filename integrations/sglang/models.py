@@ -1,9 +1,7 @@
-"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models, in SGLang's layer vocabulary
-(tensor-parallel linears, ``get_rope``, ``RMSNorm``, ``RadixAttention`` ``ENCODER_ONLY``: the block attends to the
-paged prefix and to itself bidirectionally; full logits); sizes and checkpoint key names from dllm_core. On SGLang's
-block canvas a forward may run the core's plan of the step (``block_step``: dLLM-Cache over the block) and Dream's
-block position 0 is predicted from the last prefix position (``prefix_row.py``); a policy over the whole response
-runs the planned rows instead (``response.ResponseForward``).
+"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models in SGLang's layers (``RadixAttention``
+``ENCODER_ONLY``: the block attends to the paged prefix and itself), sizes and key names from dllm_core; a forward
+runs the core's plan of the step (``block_step``), Dream's prefix row (``prefix_row.py``) or, for a policy over the
+whole response, the planned rows (``response.ResponseForward``).
 """
 from __future__ import annotations
 

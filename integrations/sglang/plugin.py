@@ -1,12 +1,6 @@
 """The SGLang plugin (entry point ``sglang.srt.plugins: dllm``), run by SGLang's ``load_plugins()`` early in every
-process. It changes no SGLang file: our algorithms into ``algo_name_to_cls``, the ``llada`` / ``Dream`` configs into
-``AutoConfig``, our model classes into ``ModelRegistry`` (a BEFORE hook on ``get_model_architecture``), LLaDA /
-Dream / LLaDA2 rows for ``DllmConfig.from_server_args`` (AROUND: block size, mask id, the admission check), the
-batch's requests and Dream's last prefix ids from ``ForwardBatch.init_new`` (AFTER), Dream's CUDA graphs off
-(AFTER ``handle_dllm_inference``), speculative drafters in the server's dtype (``dtypes.py``: AFTER
-``ModelRunner._extend_forward_kwargs`` and ``handle_speculative_decoding``), requests a server cannot serve refused
-with HTTP 400 (``admission.py``: AFTER ``TokenizerManager._validate_one_request``) and TokenSwift (``tokenswift.py``).
-``patches/sglang/README.md`` has each hook and its reason.
+process; it changes no SGLang file: our algorithms, configs and model classes into SGLang's registries, and hooks
+(``register``); ``patches/sglang/README.md`` has each hook and its reason.
 """
 from __future__ import annotations
 

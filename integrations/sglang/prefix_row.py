@@ -1,9 +1,6 @@
-"""Dream's shifted logits in SGLang's block forward: block position 0 (at sequence position s) is predicted from
-the final hidden state of position s - 1, which the block forward does not compute. As dllm_core's ``CanvasCache``
-has it, that row is recomputed once per block from the paged K/V of [0, s) (one query per layer) and kept per
-request slot, tagged with the position and the slot's generation. The token id at s - 1 comes from the plugin's
-``ForwardBatch.init_new`` hook (``PrefixRows.expect``, with the batch's slots, which the forward checks);
-``patches/sglang/README.md`` says why this is a hook.
+"""Dream's shifted logits in SGLang's block forward: block position 0 (at s) is predicted from position s - 1's final
+hidden state, recomputed once per block from the paged K/V of [0, s) and kept per request slot (as the core's
+``CanvasCache``); the token at s - 1 comes from the plugin's ``ForwardBatch.init_new`` hook (``patches/sglang/README.md``).
 """
 from __future__ import annotations
 

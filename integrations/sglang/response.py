@@ -45,9 +45,8 @@ BATCH = BatchRequests()  # the algorithms' view (any model class)
 
 @dataclass
 class Response:
-    """One request on the core's slots: its prompt ids [P] and ``G`` response positions (the canvas, in
-    ``ResponseSlots.canvas[slot, :G]``), bound to the request slot and its generation; while decoding, its
-    features (``feats``)."""
+    """One request on the core's slots: prompt ids [P], ``G`` response positions (``ResponseSlots.canvas[slot, :G]``),
+    its slot and generation; while decoding, its features (``feats``)."""
 
     slot: int
     gen: int
@@ -80,9 +79,8 @@ class ForwardPlan:
 
 
 class SlotsHost:
-    """SGLang's request slots on the core's request lifecycle (``ResponseSlots``): a slot whose request generation
-    moved holds a new request (``admit``); ``work`` / ``finished_work`` read the core's work counters.
-    ``prepare(model_runner, fb, states)`` plans a forward, ``step(fb, logits, states)`` takes it."""
+    """SGLang's request slots on the core's ``ResponseSlots``: a slot whose generation moved holds a new request
+    (``admit``); ``prepare(model_runner, fb, states)`` plans a forward, ``step(fb, logits, states)`` takes it."""
 
     needs_requests = True  # admission reads the batch's SGLang ``Req``s
 
@@ -125,9 +123,8 @@ class SlotsHost:
 
 
 class ResponseHost(SlotsHost):
-    """A policy over the whole response: each request's canvas of ``max_new_tokens`` positions (whole blocks) on the
-    core's slots; ``prepare`` plans the live rows' step (``begin`` / ``plan``) for the model's ``ResponseForward``,
-    ``step`` takes it (``take``) and mirrors the canvas into SGLang's block ids."""
+    """A policy over the whole response: each request's canvas on the core's slots, planned for the model's
+    ``ResponseForward`` (``begin`` / ``plan``), taken (``take``) and mirrored into SGLang's block ids."""
 
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
         super().__init__(policy, opts, L, mask_id)

@@ -1,9 +1,6 @@
-"""TokenSwift as an SGLang speculative algorithm (``--speculative-algorithm TOKENSWIFT
---speculative-num-draft-tokens 16 [--speculative-draft-model-path HEADS_DIR]``), registered through SGLang's
-public ``SpeculativeAlgorithm.register`` (``register()``, idempotent). The scheduler treats it as NGRAM (tree
-verification in one target forward, no draft KV cache); its worker, a ``NGRAMWorker`` subclass, drafts the core's
-``TokenSwiftDrafter`` trees (capped at ``draft_token_num`` nodes, packed in NGRAM's verify format: root first, a
-[D, D] ancestor mask); the heads' h0 comes from a forward hook on the target. ``docs/tokenswift.md`` has the rest.
+"""TokenSwift as an SGLang speculative algorithm (``--speculative-algorithm TOKENSWIFT``), registered through
+``SpeculativeAlgorithm.register``: NGRAM for the scheduler, a ``NGRAMWorker`` drafting the core's ``TokenSwiftDrafter``
+trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest.
 """
 from __future__ import annotations
 

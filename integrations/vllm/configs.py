@@ -1,9 +1,5 @@
-"""HF config classes for LLaDA (``model_type: llada``) and Dream (``model_type: Dream``) without
-remote code, and the vLLM config hook that turns them into diffusion models.
-
-``canvas_length`` makes vLLM treat the model as a discrete diffusion model (``model_config.is_diffusion``):
-the longest response decoded as one canvas. Default (0): ``max_model_len`` in whole blocks of 32, so every
-response is one canvas; set it with ``--diffusion-config '{"canvas_length": 256}'`` (or ``--hf-overrides``).
+"""HF config classes for LLaDA / Dream (no remote code) and the vLLM config hook that makes them diffusion models:
+``canvas_length`` (default ``max_model_len`` in whole blocks of 32, every response one canvas; ``--diffusion-config``).
 """
 from __future__ import annotations
 

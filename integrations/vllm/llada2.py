@@ -1,15 +1,7 @@
-"""LLaDA2.0 / 2.1 (``llada2_moe``) on vLLM's own Bailing-MoE layers, served through the diffusion pathway.
-
-LLaDA2 is the block-diffusion sibling of Ling 2.0 (vLLM's ``BailingMoeV2ForCausalLM``): the same checkpoint
-layout (fused ``query_key_value``, RMS q/k norms, partial RoPE, sigmoid grouped top-k routing with
-``expert_bias`` through vLLM's ``FusedMoE``, shared expert, first dense layers, ``norm_head``), attending
-block-causally over the grid blocks of ``block_size``. This class is vLLM's, with the step's semantics:
-
-* a canvas is one grid block (``canvas_length == block_size``): vLLM's per-request non-causal attention over
-  the paged prefix + the canvas *is* block-causal; the prompt's tail (the positions of the canvas's grid block
-  before it) is recomputed beside the canvas in every step (``Extension`` rows), as its K/V see the canvas;
-* a prompt prefill runs block-causally: vLLM writes its K/V, the prompt rows' attention output is recomputed
-  with the block-causal mask (vLLM's kernels are causal or bidirectional) - ``plan.prefill`` names the rows.
+"""LLaDA2.0 / 2.1 (``llada2_moe``) on vLLM's own Bailing-MoE V2 layers (Ling 2.0's checkpoint layout), served through
+the diffusion pathway with LLaDA2's block-causal semantics: a canvas is one grid block (the prompt's tail recomputed
+beside it as ``Extension`` rows), a prompt prefill's attention recomputed block-causally (``plan.prefill`` names the
+rows); ``docs/architecture.md`` ("LLaDA2").
 """
 from __future__ import annotations
 

@@ -51,9 +51,8 @@ UNSUPPORTED = ("min_p", "logit_bias", "bad_words", "allowed_token_ids")  # vLLM'
 
 
 def check_sampling(sampling_params) -> None:
-    """vLLM's diffusion check of a request's sampling fields for our models (it refuses every ``temperature`` but
-    1.0 and any ``seed``; OpenAI clients such as lm-eval send temperature 0 and a seed): the temperature is the
-    sampler's (``request_options``), a seed is refused by ``validate_request`` only where a decode samples."""
+    """vLLM's diffusion check for our models, less its refusal of any ``temperature`` but 1.0 and any ``seed`` (read by
+    ``request_options`` / ``validate_request``: OpenAI clients such as lm-eval send temperature 0 and a seed)."""
     for field in UNSUPPORTED:
         value = getattr(sampling_params, field, None)
         if value and (field != "min_p" or value > 1e-5):
@@ -75,11 +74,6 @@ def patch_diffusion_check(architectures) -> None:
         return original(self, model_config)
 
     SamplingParams._validate_diffusion = _validate_diffusion
-
-
-def request_plan(opts: DecodeOptions, max_tokens: int | None, canvas: int):
-    """The request's response in whole blocks (the core's rule on a canvas of ``canvas``)."""
-    return dataclasses.replace(SERVED, canvas_length=canvas).plan(opts, max_tokens)
 
 
 def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> None:

@@ -1,8 +1,6 @@
-"""The dllm sampler: vLLM's custom sampler for LLaDA / Dream / LLaDA2. Per request of the batch: a prefill that
-completes its prompt gets a fresh all-mask canvas as its draft tokens; a denoise step runs the core's step on its
-block (``ResponseSlots.take``; Dream: the first canvas row from the last held position's kept hidden state) and
-emits nothing (every canvas position is rejected, so vLLM rolls the canvas back); a commit step emits the
-finished canvas (or its first block when streaming) and a fresh canvas follows.
+"""The dllm sampler (vLLM's custom sampler for LLaDA / Dream / LLaDA2): a finished prefill gets an all-mask canvas as
+its draft tokens; a denoise step runs the core's step on its block (``ResponseSlots.take``) and emits nothing (vLLM
+rolls the canvas back); a commit step emits the canvas (or its first block when streaming).
 """
 from __future__ import annotations
 

