@@ -7,7 +7,9 @@ output and the fraction of layer work done (1.0 = recompute everything every ste
 ``bench.md``, ``bench.json`` and ``bench.png`` (speedup vs accuracy) to ``--out``.
 
 Generated tokens are canvas tokens (gen_length per row, EOS padding included); seconds are the
-engine's decoding time (tokenization and model loading excluded).
+engine's decoding time (tokenization and model loading excluded). The units (``docs/benchmarks.md``, "Units"):
+tokens per forward (per sequence), tokens/s, work fraction, and a pair's efficiency: its measured speedup over the
+speedup its forwards and work predict (vanilla forwards / (its forwards x its work fraction)).
 
 ``--long 256`` / ``--long 512`` run the long-answer tasks (``tasks.LONG_TASKS``, blocks of 32) on the
 shipped long-answer model, the papers' settings. ``bench.md`` also holds the profile of every pair: the
@@ -121,7 +123,7 @@ def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: s
 
     stop = stop_ids(tok, model) if tok is not None else set()
     row = {"sampler": s, "cache": c, "accuracy": {}, "per_task": {}}
-    tot = {"tokens": 0, "nfe": 0, "seconds": 0.0, "same": 0, "work": 0, "full": 0, "forwards": 0}
+    tot = {"tokens": 0, "nfe": 0, "seconds": 0.0, "same": 0, "work": 0, "full": 0, "forwards": 0, "base_forwards": 0}
     for wl in workloads:
         r, base = results[s, c, wl.name], results[VANILLA + (wl.name,)]
         gen = len(r.tokens) * wl.cfg.gen_length
@@ -134,7 +136,8 @@ def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: s
             task["accuracy"] = row["accuracy"][wl.name] = sum(ok) / len(ok)
         row["per_task"][wl.name] = task
         for k, v in (("tokens", gen), ("nfe", sum(r.nfe)), ("seconds", r.seconds), ("same", same),
-                     ("work", r.work), ("full", r.full_work), ("forwards", fw)):
+                     ("work", r.work), ("full", r.full_work), ("forwards", fw),
+                     ("base_forwards", forwards(base.nfe, batch_size))):
             tot[k] += v
     base_s = sum(results[VANILLA + (wl.name,)].seconds for wl in workloads)
     acc = row["accuracy"]
@@ -142,7 +145,9 @@ def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: s
                nfe_per_token=tot["nfe"] / tot["tokens"], tokens_per_s=tot["tokens"] / tot["seconds"],
                seconds=tot["seconds"], speedup=base_s / tot["seconds"], agreement=tot["same"] / tot["tokens"],
                work=tot["work"] / max(tot["full"], 1), forwards=tot["forwards"],
-               ms_per_forward=1e3 * tot["seconds"] / tot["forwards"])
+               ms_per_forward=1e3 * tot["seconds"] / tot["forwards"], tokens_per_forward=tot["tokens"] / tot["nfe"])
+    row["predicted"] = tot["base_forwards"] / (tot["forwards"] * max(row["work"], 1e-9))  # fewer x cheaper forwards
+    row["efficiency"] = row["speedup"] / row["predicted"]
     return row
 
 
@@ -150,13 +155,13 @@ def markdown(rows: list[dict]) -> str:
     """The bench table (accuracy columns only for scored tasks)."""
     names = list(rows[0]["accuracy"]) if rows else []
     head = ["sampler", "cache", *names] + (["mean acc"] if names else []) + \
-        ["NFE/token", "tok/s", "speedup", "agreement", "work"]
+        ["tok/forward", "tok/s", "speedup", "agreement", "work", "efficiency"]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         acc = [f"{r['accuracy'][n]:.3f}" for n in names] + ([f"{r['mean_accuracy']:.3f}"] if names else [])
-        lines.append("| " + " | ".join([f"`{r['sampler']}`", f"`{r['cache']}`", *acc, f"{r['nfe_per_token']:.3f}",
+        lines.append("| " + " | ".join([f"`{r['sampler']}`", f"`{r['cache']}`", *acc, f"{r['tokens_per_forward']:.2f}",
                                         f"{r['tokens_per_s']:.1f}", f"{r['speedup']:.2f}x", f"{r['agreement']:.3f}",
-                                        f"{r['work']:.3f}"]) + " |")
+                                        f"{r['work']:.3f}", f"{r['efficiency']:.2f}"]) + " |")
     return "\n".join(lines)
 
 
@@ -189,12 +194,12 @@ def profile_markdown(rows: list[dict], bare_ms: float) -> str:
     van = rows[0]
     lines = [f"Vanilla step {van['ms_per_forward']:.1f} ms against a bare full-canvas forward of {bare_ms:.1f} ms "
              f"(engine + sampler overhead per step: {van['ms_per_forward'] / bare_ms - 1:+.0%}).", "",
-             "| sampler | cache | forwards | fewer forwards | ms/forward | cheaper forwards | work | speedup |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| sampler | cache | forwards | fewer forwards | ms/forward | cheaper forwards | work | speedup | predicted "
+             "| efficiency |", "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| `{r['sampler']}` | `{r['cache']}` | {r['forwards']} | {van['forwards'] / r['forwards']:.2f}x | "
                      f"{r['ms_per_forward']:.1f} | {van['ms_per_forward'] / r['ms_per_forward']:.2f}x | "
-                     f"{r['work']:.3f} | {r['speedup']:.2f}x |")
+                     f"{r['work']:.3f} | {r['speedup']:.2f}x | {r['predicted']:.2f}x | {r['efficiency']:.2f} |")
     return "\n".join(lines)
 
 

@@ -41,9 +41,14 @@ def test_vanilla_row_and_exact_cache(quick):
     assert van["speedup"] == 1.0 and van["agreement"] == 1.0 and van["work"] == 1.0
     assert van["nfe_per_token"] == 1.0  # vanilla: steps == gen_length
     assert van["forwards"] == 24 + 24 + 8  # one batch per task, gen_length forwards each
+    assert van["tokens_per_forward"] == 1.0 and van["predicted"] == 1.0 and van["efficiency"] == 1.0
     for r in rows.values():  # the profile's split: speedup = fewer forwards x cheaper forwards
         fewer, cheaper = van["forwards"] / r["forwards"], van["ms_per_forward"] / r["ms_per_forward"]
         assert fewer * cheaper == pytest.approx(r["speedup"], rel=1e-9)
+        # efficiency: measured over predicted (fewer forwards x forwards cheaper by the work fraction)
+        assert r["predicted"] == pytest.approx(fewer / r["work"], rel=1e-9)
+        assert r["efficiency"] == pytest.approx(r["speedup"] / r["predicted"], rel=1e-9)
+        assert r["tokens_per_forward"] == pytest.approx(1 / r["nfe_per_token"], rel=1e-9)
     exact = rows["low_confidence", "dual:every=1"]  # refresh every step = exact: same tokens as vanilla
     assert exact["agreement"] == 1.0 and exact["accuracy"] == van["accuracy"]
     for c in ("none", "dllm:kp=50,kr=7,rho=0.25"):
