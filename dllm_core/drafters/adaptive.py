@@ -12,11 +12,11 @@ candidates with the most tokens per second, E(k) / T(b, k), and k = 0 unless tha
 ``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
 (``observe``); times are kept per batch-size bucket (powers of two) and k as moving averages, so the policy
 follows the host's real costs (a GPU verify that is free up to some tokens, a CPU one that grows with them).
-Unmeasured (bucket, k) cells are measured first, shortest first, a longer one only while its rate predicted from the
-step times of shorter ones may compete (so a large batch never pays for a long useless draft); every ``explore_every`` steps a bucket re-measures the best-rated
-length above its choice when it may compete (from plain decoding: always, which also measures the acceptance
-again), so a change in acceptance or cost is seen at a bounded price. Lossless by construction: it only
-chooses how many drafts the lossless verifier sees.
+Unmeasured (bucket, k) cells are measured first, shortest first, a longer one only while its rate predicted from
+the measured step times may compete (a large batch never pays for a long useless draft); every ``explore_every``
+steps a bucket re-measures the best-rated length above its choice when it may compete (from plain decoding:
+always, which also measures the acceptance again), so a change in acceptance or cost is seen at a bounded price.
+Lossless by construction: it only chooses how many drafts the lossless verifier sees.
 
 One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
 options (frozen, validated).
@@ -125,7 +125,7 @@ class DraftLength:
             if k not in rates and (len(rates) < 2 or self.predicted(b, k) >= PROBE * max(rates.values())):
                 return k
         best = max(rates, key=rates.get)
-        if best and rates[best] < self.opts.margin * rates[0]:
+        if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
         if n % self.opts.explore_every == 0:  # re-measure the best-rated longer length, if it may compete
             up = {k: r for k, r in rates.items() if k > best}

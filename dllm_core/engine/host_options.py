@@ -71,8 +71,8 @@ class Served:
         if plan.decoded > canvas and not opts.chain and not self.block_causal:
             raise ValueError(f"{self.length} {plan.length}: the response ({plan.decoded} positions in whole blocks) is "
                              f"longer than the served canvas_length {canvas}; it would be decoded as chained canvases, "
-                             f"each blind to the rest (lossy): serve a longer canvas{self.canvas_flag} or ask for chained canvases "
-                             f"({self.prefix}chain: true)")
+                             f"each blind to the rest (lossy): serve a longer canvas{self.canvas_flag} or ask for "
+                             f"chained canvases ({self.prefix}chain: true)")
         return plan
 
     def admit(self, opts: DecodeOptions, max_tokens: int | None) -> None:

@@ -1,7 +1,7 @@
-"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models in SGLang's layers (``RadixAttention``
-``ENCODER_ONLY``: the block attends to the paged prefix and itself), sizes and key names from dllm_core; a forward
-runs the core's plan of the step (``block_step``), Dream's prefix row (``prefix_row.py``) or, for a policy over the
-whole response, the planned rows (``response.ResponseForward``).
+"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models in SGLang's layers
+(``RadixAttention`` ``ENCODER_ONLY``: the block attends to the paged prefix and itself), sizes and key names from
+dllm_core; a forward runs the core's plan of the step (``block_step``), Dream's prefix row (``prefix_row.py``) or,
+for a policy over the whole response, the planned rows (``response.ResponseForward``).
 """
 from __future__ import annotations
 

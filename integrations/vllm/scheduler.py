@@ -21,7 +21,8 @@ class DllmScheduler(DiffusionScheduler):
     def decoded(self, request) -> int:
         """Positions the request decodes: ``max_tokens`` in whole blocks (dllm_core's response rule)."""
         sp = request.sampling_params
-        return self.served.plan(options.request_options(sp.extra_args, self.served.defaults, sp.temperature), sp.max_tokens).decoded
+        opts = options.request_options(sp.extra_args, self.served.defaults, sp.temperature)
+        return self.served.plan(opts, sp.max_tokens).decoded
 
     def update_draft_token_ids(self, draft_token_ids) -> None:
         for i, (req_id, ids) in enumerate(zip(draft_token_ids.req_ids, draft_token_ids.draft_token_ids)):
