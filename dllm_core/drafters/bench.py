@@ -90,14 +90,16 @@ def cmd_bench(a) -> int:
         prompts = [encode_prompt(tok, ex.prompt, a.chat) for ex in t.examples(a.split, a.n, seed=a.seed)]
         rows[t.name] = compare(target, drafter, prompts, cfg, lengths=lengths)
     steps = sum(r["verify_steps"] for r in rows.values())
+
+    def per_token(name: str) -> float:  # seconds per token of one decoder over every task
+        return sum(r[f"{name}_seconds"] for r in rows.values()) / sum(r[f"{name}_tokens"] for r in rows.values())
+
     total = {"mean_accept": sum(r["mean_accept"] * r["verify_steps"] for r in rows.values()) / max(steps, 1),
-             "speedup": (sum(r["ar_seconds"] for r in rows.values()) / sum(r["ar_tokens"] for r in rows.values()))
-             / (sum(r["dflash_seconds"] for r in rows.values()) / sum(r["dflash_tokens"] for r in rows.values())),
+             "speedup": per_token("ar") / per_token("dflash"),
              "identical": sum(r["identical"] * r["prompts"] for r in rows.values())
              / sum(r["prompts"] for r in rows.values())}
     if a.adaptive:
-        total["adaptive_speedup"] = (sum(r["ar_seconds"] for r in rows.values()) / sum(r["ar_tokens"] for r in rows.values())) \
-            / (sum(r["adaptive_seconds"] for r in rows.values()) / sum(r["adaptive_tokens"] for r in rows.values()))
+        total["adaptive_speedup"] = per_token("ar") / per_token("adaptive")
     print(json.dumps({"block_size": a.block_size or drafter.cfg.block_size, "temperature": a.temperature,
                       "split": a.split, "tasks": rows, "all": total}, indent=2))
     return 0
