@@ -83,6 +83,8 @@ class ResponseSlots:
         self.runs: list[tuple[SlotStates, TokenContext]] = []  # per config id: its sampler rows and token context
         self.aranges: dict[int, torch.Tensor] = {}
         self._index: tuple[tuple, torch.Tensor] = ((), torch.zeros(0, dtype=torch.long, device=device))
+        self._rows: tuple[tuple, slice | torch.Tensor] = ((), slice(0, 0))
+        self._groups: tuple[tuple, list] = ((), [])  # the last batch's groups (cleared at admission)
         self.generator = torch.Generator(device).manual_seed(seed)
         # work (the embedded engine's ``Counters`` units): rows x layers run through a full layer (device, summed
         # without a sync; + 1 row: a host's padding rows), forwards taken part in, what the uncached loop runs
@@ -123,7 +125,7 @@ class ResponseSlots:
         if gid == len(self.configs):
             self.configs.append(config)
             self.runs.append((self.sampler_states(config), self.token_context(config)))
-        self.group[slot], self.block_len[slot] = gid, config.block_length
+        self.group[slot], self.block_len[slot], self._groups = gid, config.block_length, ((), [])
         self.token_layers[slot], self.forwards[slot], self.full_token_layers[slot] = 0, 0, 0
         for ss, _ in self.runs:  # every config's rows cover every slot
             ss.grow(self.n_slots)
@@ -171,20 +173,32 @@ class ResponseSlots:
         return TokenContext(self.mask_id, d.temperature, d.top_p, d.top_k, self.eos_id, d.eot_id, d.logits_eos_inf,
                             d.confidence_eos_eot_inf, self.generator)
 
-    def groups(self, slots: np.ndarray) -> list[tuple[np.ndarray | None, int]]:
+    def groups(self, slots: np.ndarray, key: tuple | None = None) -> list[tuple[np.ndarray | None, int]]:
         """Positions in ``slots`` grouped by config (one sampler batch each): [(positions [k], config id)];
-        positions None: all of ``slots``."""
-        g = self.group[slots]
-        if (g == g[0]).all():
-            return [(None, int(g[0]))]
-        return [(np.flatnonzero(g == c), int(c)) for c in np.unique(g)]
+        positions None: all of ``slots`` (``key``: ``tuple(slots)``; the last batch's answer is kept)."""
+        key = tuple(slots.tolist()) if key is None else key
+        if key != self._groups[0]:
+            g = self.group[slots]
+            if len(set(g.tolist())) == 1:
+                self._groups = (key, [(None, int(g[0]))])
+            else:
+                self._groups = (key, [(np.flatnonzero(g == c), int(c)) for c in np.unique(g)])
+        return self._groups[1]
 
-    def index(self, slots: np.ndarray) -> torch.Tensor:
+    def index(self, slots: np.ndarray, key: tuple | None = None) -> torch.Tensor:
         """``slots`` as a device index [m] (the last one kept: a host's batch repeats step after step)."""
-        key = tuple(slots.tolist())
+        key = tuple(slots.tolist()) if key is None else key
         if key != self._index[0]:
             self._index = (key, torch.as_tensor(slots, dtype=torch.long, device=self.device))
         return self._index[1]
+
+    def rows(self, slots: np.ndarray, key: tuple | None = None) -> slice | torch.Tensor:
+        """``slots`` as canvas rows: a slice when they are consecutive (a view, no gather), else ``index``."""
+        key = tuple(slots.tolist()) if key is None else key
+        if key != self._rows[0]:
+            run = key == tuple(range(key[0], key[0] + len(key))) if key else False
+            self._rows = (key, slice(key[0], key[0] + len(key)) if run else self.index(slots, key))
+        return self._rows[1]
 
     def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray,
               tokens: torch.Tensor | None = None) -> None:
@@ -207,17 +221,18 @@ class ResponseSlots:
         """``Sampler.begin_block`` for the rows of ``slots`` whose block starts at this step (``valid``: the canvas
         columns that exist; positions past it are not decoded)."""
         fresh = self.new[slots]
-        if not fresh.any():
+        if True not in fresh.tolist():  # (a numpy reduction costs more than the list on a host's small batch)
             return
         new = slots[fresh]
         v = None if valid is None else np.asarray(valid)[fresh]
         for pos, gid in self.groups(new):
             s, c = (new if pos is None else new[pos]), self.configs[gid]
-            idx, cols = self._blocks(s, c.block_length, v is not None)
-            masked = self._read(idx, cols) == self.mask_id  # [k, Lb]
+            key = tuple(s.tolist())
+            rows, cols = self._blocks(s, c.block_length, v is not None, key)
+            masked = self._read(rows, cols) == self.mask_id  # [k, Lb]
             if v is not None:
                 masked &= cols < torch.as_tensor(v if pos is None else v[pos], device=self.device)[:, None]
-            self.runs[gid][0].begin_block(idx, masked, tuple(s.tolist()))
+            self.runs[gid][0].begin_block(self.index(s, key), masked, key)
             self.focus[s] = (0, c.block_length)  # a block's first step is about all of it
             for h in (self.host[x] for x in s.tolist()):
                 h.begin_block()
@@ -240,23 +255,24 @@ class ResponseSlots:
         commits written into the canvas (``changed``: whether the step changed the block); finished blocks move
         on. -> [m] bool: the row's canvas is decoded.
         ``valid``: canvas columns that exist (positions past it are padding, never decoded). One device read."""
-        read, parts = [], []
-        for pos, gid in self.groups(slots):
+        read, parts, batch = [], [], tuple(slots.tolist())
+        for pos, gid in self.groups(slots, batch):
             s, c, (ss, tc) = (slots if pos is None else slots[pos]), self.configs[gid], self.runs[gid]
-            idx, cols = self._blocks(s, c.block_length, valid is not None)
-            x0 = self._read(idx, cols)  # [k, Lb]
+            key = batch if pos is None else tuple(s.tolist())
+            rows, cols = self._blocks(s, c.block_length, valid is not None, key)
+            x0 = self._read(rows, cols)  # [k, Lb] (a view of the canvas where it can be)
             if valid is not None:
                 v = np.asarray(valid) if pos is None else np.asarray(valid)[pos]
                 x0 = torch.where(cols < torch.as_tensor(v, device=self.device)[:, None], x0, self.pad_id)
-            key = tuple(s.tolist())
+            idx = self.index(s, key)
             st = ss.gather(idx, key)
             lg = logits if pos is None else logits[torch.as_tensor(pos, device=logits.device)]
             x, done = denoise_step(c.sampler, st, lg, x0, tc, self._window(s, c), check=False)
             ss.scatter(idx, st, key)
-            self._write(idx, cols, x)
+            read += [done, (x != x0).any(-1)]  # before the write: x0 may be a view of the canvas
+            self._write(rows, cols, x)
             bad = stuck(c.sampler, st, lambda: x == self.mask_id)
-            read += [done, (x != x0).any(-1), *(c.sampler.focus(st) if c.sampler.moves_focus else ()),
-                     *(() if bad is None else (bad,))]
+            read += [*(c.sampler.focus(st) if c.sampler.moves_focus else ()), *(() if bad is None else (bad,))]
             parts.append((slice(None) if pos is None else pos, s, c, bad is not None))
         flat = torch.cat(read).numpy(force=True) if read else np.zeros(0, dtype=np.int64)  # the one device read
         done_canvas = np.zeros(len(slots), dtype=bool)
@@ -277,23 +293,24 @@ class ResponseSlots:
             done_canvas[pos] = self.block[s] >= self.n_blocks[s]
         return done_canvas
 
-    def _blocks(self, slots: np.ndarray, L: int, columns: bool = False) -> tuple[torch.Tensor, slice | torch.Tensor]:
-        """(slot index [k], canvas columns of each row's block: a slice when every row is in the same block and
-        ``columns`` is not asked for, else [k, L])."""
-        idx = self.index(slots)
-        b = self.block[slots]
-        if not columns and (b == b[0]).all():
-            return idx, slice(int(b[0]) * L, int(b[0] + 1) * L)
-        return idx, torch.as_tensor(b * L, device=self.device)[:, None] + self._arange(L)
+    def _blocks(self, slots: np.ndarray, L: int, columns: bool = False,
+                key: tuple | None = None) -> tuple[slice | torch.Tensor, slice | torch.Tensor]:
+        """(canvas rows: ``rows``, canvas columns of each row's block: a slice when every row is in the same block
+        and ``columns`` is not asked for, else [k, L] with the rows as an index [k])."""
+        b = self.block[slots].tolist()
+        if not columns and b.count(b[0]) == len(b):
+            return self.rows(slots, key), slice(b[0] * L, (b[0] + 1) * L)
+        return (self.index(slots, key),
+                torch.as_tensor(self.block[slots] * L, device=self.device)[:, None] + self._arange(L))
 
-    def _read(self, idx: torch.Tensor, cols: slice | torch.Tensor) -> torch.Tensor:
-        return self.canvas[idx, cols] if isinstance(cols, slice) else self.canvas[idx[:, None], cols]
+    def _read(self, rows: slice | torch.Tensor, cols: slice | torch.Tensor) -> torch.Tensor:
+        return self.canvas[rows, cols] if isinstance(cols, slice) else self.canvas[rows[:, None], cols]
 
-    def _write(self, idx: torch.Tensor, cols: slice | torch.Tensor, x: torch.Tensor) -> None:
+    def _write(self, rows: slice | torch.Tensor, cols: slice | torch.Tensor, x: torch.Tensor) -> None:
         if isinstance(cols, slice):
-            self.canvas[idx, cols] = x
+            self.canvas[rows, cols] = x
         else:
-            self.canvas[idx[:, None], cols] = x
+            self.canvas[rows[:, None], cols] = x
 
     def _arange(self, L: int) -> torch.Tensor:
         a = self.aranges.get(L)

@@ -16,6 +16,7 @@ between scheduler rounds; the sampler object itself is immutable configuration.
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import ClassVar
@@ -67,13 +68,18 @@ def filter_logits(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
     return logits
 
 
+@functools.lru_cache(maxsize=64)
+def never_proposed(mask_id: int, eos_id: int | None, device: torch.device) -> torch.Tensor:
+    """The token ids ``propose`` never picks ([MASK]: committing it would not unmask; EOS where ``logits_eos_inf``):
+    [1 or 2]. Built once per device, never written (shared by every request)."""
+    return torch.tensor([mask_id] if eos_id is None else [mask_id, eos_id], device=device)
+
+
 def propose(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
     """Candidate token per position: argmax (greedy) or Gumbel-max in float64 (LLaDA's sampler,
     an exact sample of softmax(logits / T)). [B, W, V] -> [B, W]."""
-    logits = logits.clone()
-    logits[..., tc.mask_id] = NEG  # [MASK] is never a proposal: committing it would not unmask
-    if tc.logits_eos_inf and tc.eos_id is not None:
-        logits[..., tc.eos_id] = NEG
+    eos = tc.eos_id if tc.logits_eos_inf else None
+    logits = logits.index_fill(-1, never_proposed(tc.mask_id, eos, logits.device), NEG)
     if tc.temperature <= 0:
         return logits.argmax(-1)
     f = filter_logits(logits, tc).double()

@@ -18,8 +18,7 @@ THRESHOLD_SCHEDULES = ("fast_dllm", "llada2")
 def threshold_commit(conf: torch.Tensor, masked: torch.Tensor, tau: float) -> torch.Tensor:
     """Every masked position with conf >= tau, and always the most confident one. [B, W] -> [B, W]."""
     c = masked_score(conf, masked)
-    top = torch.zeros_like(masked).scatter_(-1, c.argmax(-1, keepdim=True), True)  # the first maximum: rank 0
-    return masked & ((c >= tau) | top)
+    return (c >= tau).scatter_(-1, c.argmax(-1, keepdim=True), True) & masked  # + the first maximum: rank 0
 
 
 def llada2_commit(conf: torch.Tensor, masked: torch.Tensor, tau: float, n: torch.Tensor) -> torch.Tensor:

@@ -164,9 +164,10 @@ class BlockHost(SlotsHost):
         held = self.fb  # the same batch steps until its blocks are done
         if held is None or held[0] is not fb or held[1] is not fb.req_pool_indices:
             self.fb, self.slots = (fb, fb.req_pool_indices), np.array(fb.req_pool_indices.tolist())
-        slots, fresh = self.slots, np.array([s.fresh for s in states])
-        if fresh.any():  # a new request always starts with a fresh block
-            for s in np.asarray(states)[fresh]:
+        slots = self.slots
+        if any(s.fresh for s in states):  # a new request always starts with a fresh block
+            fresh = np.array([s.fresh for s in states])
+            for s in states:
                 s.fresh = False
             whole, ids = bool(fresh.all()), fb.input_ids.view(fb.batch_size, L)
             f = None if whole else torch.as_tensor(fresh, device=dev)
@@ -183,14 +184,14 @@ class BlockHost(SlotsHost):
             fs = frozenset(slots[fresh].tolist())
             self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
         core = self.core
-        live = np.flatnonzero([not s.final for s in states])
-        core.begin(slots[live])
+        live = [i for i, s in enumerate(states) if not s.final]  # (lists: numpy is slower on a batch this small)
+        core.begin(slots if len(live) == len(states) else slots[live])
         if self.opts.caching:
             if model_runner.model.quant_config is not None:
                 raise ValueError(f"cache: {self.policy.name} (dLLM-Cache): the V-verify projection needs unquantized "
                                  f"weights (drop --quantization)")
             plans = core.plan(slots[live], 0, L, 0)
-            regions = [r for i, hp in zip(live.tolist(), plans) for r in hp.regions(i * L, core.stores[slots[i]], dev)]
+            regions = [r for i, hp in zip(live, plans) for r in hp.regions(i * L, core.stores[slots[i]], dev)]
             model_runner.model.block_step = CachedStep(regions) if regions else None
 
     def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:
@@ -200,24 +201,24 @@ class BlockHost(SlotsHost):
         B, L, core = fb.batch_size, self.L, self.core
         if self.prompt_only:  # prompt blocks: nothing to decode
             return [True] * B
-        final = np.array([s.final for s in states])
-        live = np.flatnonzero(~final)
-        if len(live):
-            slots, logits = self.slots[live], full_logits.view(B, L, -1)
-            done = core.take(slots, logits if len(live) == B else logits[torch.as_tensor(live, device=logits.device)])
-            final[live] = done & ~core.changed[slots]  # ... else its next forward persists it
-            for i, s, d in zip(live.tolist(), slots.tolist(), done.tolist()):
-                states[i].final = d
+        final = [s.final for s in states]
+        live = [i for i, f in enumerate(final) if not f]  # (lists: numpy is slower on a batch this small)
+        if live:
+            whole, logits = len(live) == B, full_logits.view(B, L, -1)
+            slots = self.slots if whole else self.slots[live]
+            done = core.take(slots, logits if whole else logits[torch.as_tensor(live, device=logits.device)])
+            for i, s, d, c in zip(live, slots.tolist(), done.tolist(), core.changed[slots].tolist()):
+                states[i].final, final[i] = d, d and not c  # changed: its next forward persists it
                 if d and core.stores[s] is not None:  # its next forward persists the block (exact)
                     core.stores[s].clear()
             ids = fb.input_ids.view(B, L)  # commits written in place
-            x = core.canvas[core.index(slots), :L]
-            if len(live) == B and self.literal.isdisjoint(slots.tolist()):
+            x = core.canvas[core.rows(slots), :L]
+            if whole and self.literal.isdisjoint(slots.tolist()):
                 ids.copy_(x)
             else:
                 r = torch.as_tensor(live, device=ids.device)
                 ids[r] = torch.where(x == -1, ids[r], x)
-        return final.tolist()
+        return final
 
 
 def disable_cuda_graphs(server_args, why: str) -> None:
