@@ -11,8 +11,9 @@ engine's decoding time (tokenization and model loading excluded). The units (``d
 tokens per forward (per sequence), tokens/s, work fraction, and a pair's efficiency: its measured speedup over the
 speedup its forwards and work predict (vanilla forwards / (its forwards x its work fraction)).
 
-``--long 256`` / ``--long 512`` run the long-answer tasks (``tasks.LONG_TASKS``, blocks of 32) on the
-shipped long-answer model, the papers' settings. ``bench.md`` also holds the profile of every pair: the
+``--long 256`` / ``--long 512`` run the long-answer tasks on the shipped long-answer model at the papers'
+settings: few-shot prompts of about the length of GSM8K 5-shot (``tasks.LONG_FEW_SHOT``; ``--one-line``: the
+one-line prompts, ``tasks.LONG_TASKS``), blocks of 32. ``bench.md`` also holds the profile of every pair: the
 speedup split into fewer forwards (NFE) and cheaper forwards (cost per forward against the vanilla
 loop's), and the vanilla loop's forward against a bare model forward of the same shape (what the
 engine adds per step)."""
@@ -26,7 +27,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from .engine import GenerationConfig
-from .tasks import LONG_TASKS, Example, Task
+from .tasks import LONG_FEW_SHOT, LONG_TASKS, Example, Task
 
 VANILLA = ("low_confidence", "none")
 DEFAULT_MODEL = Path(__file__).resolve().parents[1] / "models" / "llada-tasks"
@@ -151,6 +152,21 @@ def summarize(model, tok, workloads: list[Workload], results: dict, s: str, c: s
     return row
 
 
+def prompt_tokens(prompts: list[list[int]]) -> dict[str, int]:
+    """A workload's prompt lengths in tokens: p50, p90 and the longest."""
+    n = sorted(map(len, prompts))
+    return {"prompt_tokens_p50": n[len(n) // 2], "prompt_tokens_p90": n[min(len(n) - 1, int(0.9 * len(n)))],
+            "prompt_tokens": n[-1]}
+
+
+def settings_markdown(canvas: dict) -> str:
+    """Each workload's setting, as the papers report it: shots, prompt tokens, answer canvas and block."""
+    lines = ["| task | shots | prompt tokens p50 / p90 | canvas | block |", "|---|---|---|---|---|"]
+    lines += [f"| {k} | {c['shots']} | {c['prompt_tokens_p50']} / {c['prompt_tokens_p90']} | {c['gen_length']} | "
+              f"{c['block_length']} |" for k, c in canvas.items()]
+    return "\n".join(lines)
+
+
 def markdown(rows: list[dict]) -> str:
     """The bench table (accuracy columns only for scored tasks)."""
     names = list(rows[0]["accuracy"]) if rows else []
@@ -240,7 +256,9 @@ def add_parser(sub) -> None:
                                                   f"--quick: {QUICK['tasks']!r}; --long N: the long-answer tasks "
                                                   f"of canvas N)")
     b.add_argument("--long", type=int, default=None, help=f"one of {sorted(LONG_TASKS)}: the long-answer tasks on "
-                                                          f"that canvas (blocks of 32), the papers' settings")
+                                                          f"that canvas (blocks of 32), the papers' settings: "
+                                                          f"few-shot prompts")
+    b.add_argument("--one-line", action="store_true", help="with --long: the one-line prompts (no worked examples)")
     b.add_argument("--samplers", default=DEFAULT_SAMPLERS, help="';'-separated sampler specs")
     b.add_argument("--caches", default=DEFAULT_CACHES, help="';'-separated cache specs")
     b.add_argument("--n", type=int, default=None, help=f"test examples per task (default {FULL_N}; "
@@ -276,7 +294,10 @@ def cmd_bench(a) -> int:
 
     if a.long is not None and a.long not in LONG_TASKS:
         raise ValueError(f"--long must be one of {sorted(LONG_TASKS)}, got {a.long}")
-    default = LONG_TASKS[a.long] if a.long else QUICK["tasks"] if a.quick else DEFAULT_TASKS
+    if a.one_line and a.long is None:
+        raise ValueError("--one-line goes with --long 256 or --long 512")
+    long = (LONG_TASKS if a.one_line else LONG_FEW_SHOT).get(a.long)
+    default = long if a.long else QUICK["tasks"] if a.quick else DEFAULT_TASKS
     tasks = parse_tasks(a.tasks or default)
     a.model = a.model or str(LONG_MODEL if a.long else DEFAULT_MODEL)
     n = a.n if a.n is not None else (QUICK["n"] if a.quick else FULL_N)
@@ -300,11 +321,13 @@ def cmd_bench(a) -> int:
             "torch": torch.__version__, "machine": platform.machine(), "threads": torch.get_num_threads(), "n": n,
             "batch_size": a.batch_size, "repeat": a.repeat, "seed": a.seed, "tasks": [t.label for t in tasks],
             "canvas": {w.name: {"gen_length": w.cfg.gen_length, "block_length": w.cfg.block_length,
-                                "steps": w.cfg.steps, "prompt_tokens": max(map(len, w.prompts))} for w in wls},
+                                "steps": w.cfg.steps, "shots": w.task.shots if w.task else 0,
+                                **prompt_tokens(w.prompts)} for w in wls},
             "bare_forward_ms": bare}
     (out / "bench.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
     table = markdown(rows)
-    (out / "bench.md").write_text(table + "\n\n" + profile_markdown(rows, bare) + "\n")
+    (out / "bench.md").write_text(settings_markdown(meta["canvas"]) + "\n\n" + table + "\n\n"
+                                  + profile_markdown(rows, bare) + "\n")
     plot(rows, out / "bench.png", f"{Path(a.model).name}: {n} test examples/task")
     print(table)
     print(f"wrote {out / 'bench.md'}, {out / 'bench.json'}, {out / 'bench.png'}", file=sys.stderr)

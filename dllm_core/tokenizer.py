@@ -14,13 +14,18 @@ def load_tokenizer(model_dir: str | Path):
     return PreTrainedTokenizerFast.from_pretrained(str(d), local_files_only=True)
 
 
-def encode_prompt(tok, text: str, chat: bool) -> list[int]:
-    """Token ids of ``text``; with ``chat`` the tokenizer's chat template wraps it as a user turn."""
+def encode_prompt(tok, text: str, chat: bool, turns: tuple[tuple[str, str], ...] = ()) -> list[int]:
+    """Token ids of ``text``; with ``chat`` the tokenizer's chat template wraps it as a user turn, after ``turns``
+    (earlier (user, assistant) pairs: a multi-turn few-shot prompt)."""
     if not chat:
+        if turns:
+            raise ValueError("a multi-turn prompt (shot_format=turns) needs the chat template")
         return tok(text, add_special_tokens=False)["input_ids"]
     if not tok.chat_template:
         raise ValueError("--chat: the tokenizer_config.json of this model has no chat_template")
-    ids = tok.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True, tokenize=True)
+    msgs = [{"role": r, "content": c} for u, a in turns for r, c in (("user", u), ("assistant", a))]
+    ids = tok.apply_chat_template(msgs + [{"role": "user", "content": text}], add_generation_prompt=True,
+                                  tokenize=True)
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dllm_core.bench import DEFAULT_MODEL, combos, markdown, profile_markdown
+from dllm_core.bench import DEFAULT_MODEL, combos, markdown, profile_markdown, settings_markdown
 
 pytestmark = pytest.mark.skipif(not (DEFAULT_MODEL / "config.json").is_file(), reason="models/llada-tasks not shipped")
 
@@ -27,10 +27,13 @@ def test_writes_table_json_and_plot(quick):
     rows = res["rows"]
     assert [(r["sampler"], r["cache"]) for r in rows] == combos(
         ["low_confidence", "threshold:tau=0.9", "slowfast"], ["none", "dual:every=1", "dllm:kp=50,kr=7,rho=0.25"])
-    assert (out / "bench.md").read_text().strip() == markdown(rows) + "\n\n" + profile_markdown(
-        rows, res["bare_forward_ms"])
+    assert (out / "bench.md").read_text().strip() == settings_markdown(res["canvas"]) + "\n\n" + markdown(
+        rows) + "\n\n" + profile_markdown(rows, res["bare_forward_ms"])
     labels = ["arithmetic", "sort", "retrieval:pairs=30"]
     assert res["tasks"] == labels and res["n"] == 4 and list(res["canvas"]) == labels
+    assert res["canvas"]["retrieval:pairs=30"]["shots"] == 0 and res["canvas"]["sort"]["gen_length"] == 24
+    assert 300 < res["canvas"]["retrieval:pairs=30"]["prompt_tokens_p50"] <= res["canvas"]["retrieval:pairs=30"][
+        "prompt_tokens_p90"] <= res["canvas"]["retrieval:pairs=30"]["prompt_tokens"]
     assert all(list(r["accuracy"]) == labels for r in rows)
     assert res["command"].startswith("dllm bench --model ") and "--tasks 'arithmetic;sort;retrieval:pairs=30'" in res["command"]
 
@@ -77,6 +80,9 @@ def test_bad_spec_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--long", "300", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--long must be one of [256, 512], got 300" in p.stderr
+    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--one-line", "--out", str(tmp_path)],
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and "--one-line goes with --long 256 or --long 512" in p.stderr
 
 
 def test_progress_outside_a_terminal_writes_plain_timed_lines():

@@ -160,3 +160,36 @@ def test_tokenizer_digits_specials_and_lengths(tmp_path):
         ids = tok(ex.prompt, add_special_tokens=False)["input_ids"]
         q = tok("\n" + ex.prompt.splitlines()[-1], add_special_tokens=False)["input_ids"]
         assert ids[-len(q):] == q and any(ids[i:i + len(q)] == q for i in range(len(ids) - len(q)))
+
+
+def test_few_shot_prompts():
+    """The papers' few-shot prompts: ``shots`` worked examples from the train split, fixed per question, in one user
+    turn or as user/assistant turns; the question and its split unchanged."""
+    from dllm_core.tasks.evaluate import prompts_of
+    from dllm_core.tokenizer import load_tokenizer
+
+    plain, one = Count(span=48), make_task("count:span=48,shots=3")
+    turns = make_task("count:span=48,shots=3,shot_format=turns")
+    assert (one.shots, turns.shot_format, one.label) == (3, "turns", "count:shots=3,span=48")
+    for p, a, b in zip(plain.examples("test", 5), one.examples("test", 5), turns.examples("test", 5)):
+        assert a.key == b.key == p.key and a.answer == p.answer and b.prompt == p.prompt
+        worked = a.prompt.split("\n\n")
+        assert len(worked) == 4 and worked[-1] == p.prompt and len(b.turns) == 3
+        for text, (user, assistant) in zip(worked, b.turns):
+            assert text == f"{user}\n{assistant}" and split_of(user.split()[3]) == "train"
+            assert plain.extract(assistant) == assistant  # a whole worked answer
+    assert one.examples("test", 5) == one.examples("test", 5)
+    tok = load_tokenizer(MODELS / "llada-long")
+    ex = turns.examples("test", 1)[0]
+    ids = prompts_of(tok, [ex])[0]
+    text = tok.decode(ids)
+    assert text.count("<|start_header_id|>user") == 4 and text.count("<|start_header_id|>assistant") == 4
+    assert 700 < len(prompts_of(tok, one.examples("test", 1))[0]) < 900  # GSM8K 5-shot: about 740
+    from dllm_core.train.data import ChatEncoder, encode
+
+    batch = [ex, one.examples("test", 1)[0], plain.examples("test", 1)[0]]  # training batches mix the formats
+    assert ChatEncoder(tok, 7)(batch) == [encode(tok, e, 7) for e in batch] and encode(tok, ex, 7)[0] == ids
+    with pytest.raises(ValueError, match=r"count.shot_format must be one of \['one_turn', 'turns'\], got 'chat'"):
+        make_task("count:shots=2,shot_format=chat")
+    with pytest.raises(ValueError, match="count.shots must be an integer >= 0, got -1"):
+        make_task("count:shots=-1")

@@ -43,6 +43,7 @@ class Arithmetic(Task):
     form: str = "chain"
 
     def __post_init__(self):
+        super().__post_init__()
         if not (0 <= self.lo <= self.hi <= self.max_total and self.max_operand >= 1 and
                 1 <= self.min_steps <= self.max_steps):
             raise ValueError(f"arithmetic: inconsistent ranges {self}")

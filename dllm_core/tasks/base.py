@@ -13,7 +13,7 @@ from __future__ import annotations
 import hashlib
 import random
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from typing import ClassVar
 
 SPLITS = ("train", "test")
@@ -30,6 +30,10 @@ class Example:
     response: str
     answer: str
     key: str  # content key that decides the split
+    turns: tuple[tuple[str, str], ...] = ()  # earlier (user, assistant) chat turns: few-shot as multi-turn
+
+
+SHOT_FORMATS = ("one_turn", "turns")
 
 
 def split_of(key: str) -> str:
@@ -51,17 +55,40 @@ class Task:
     name: ClassVar[str] = "base"
     gen_length: ClassVar[int] = 32
     block_length: ClassVar[int] = 16
+    # worked examples (from the train split) before the question, the papers' few-shot prompts; shot_format
+    # one_turn: all in the question's user turn (Fast-dLLM), turns: a user/assistant pair each (dLLM-Cache)
+    shots: int = field(default=0, kw_only=True)
+    shot_format: str = field(default="one_turn", kw_only=True)
+
+    def __post_init__(self):
+        if isinstance(self.shots, bool) or not isinstance(self.shots, int) or self.shots < 0:
+            raise ValueError(f"{self.name}.shots must be an integer >= 0, got {self.shots!r}")
+        if self.shot_format not in SHOT_FORMATS:
+            raise ValueError(f"{self.name}.shot_format must be one of {list(SHOT_FORMATS)}, got {self.shot_format!r}")
 
     def draw(self, rng: random.Random) -> Example:
         raise NotImplementedError
 
     def sample(self, rng: random.Random, split: str) -> Example:
-        """Next example of ``split`` from ``rng`` (rejection on the content hash)."""
+        """Next example of ``split`` from ``rng`` (rejection on the content hash), after ``shots`` worked examples."""
         check_split(split)
         while True:
             ex = self.draw(rng)
             if split_of(ex.key) == split:
-                return ex
+                return self.with_shots(ex) if self.shots else ex
+
+    def with_shots(self, ex: Example) -> Example:
+        """``ex`` after ``shots`` distinct worked examples of this task drawn from the train split (fixed by the
+        question's key, as lm-eval fixes a question's exemplars), in ``shot_format``."""
+        rng, plain, shots = random.Random(f"shots:{self.name}:{ex.key}"), replace(self, shots=0), []
+        while len(shots) < self.shots:
+            s = plain.sample(rng, "train")
+            if s.key != ex.key and all(s.key != t.key for t in shots):
+                shots.append(s)
+        if self.shot_format == "turns":
+            return replace(ex, turns=tuple((s.prompt, s.response) for s in shots))
+        worked = "\n\n".join(f"{s.prompt}\n{s.response}" for s in shots)
+        return replace(ex, prompt=f"{worked}\n\n{ex.prompt}")
 
     def examples(self, split: str, n: int, seed: int = 0) -> list[Example]:
         """``n`` distinct examples of ``split``, deterministic in ``seed``."""

@@ -24,6 +24,7 @@ class Count(Task):
     min_span: int | None = None
 
     def __post_init__(self):
+        super().__post_init__()
         lo = self.span if self.min_span is None else self.min_span
         if not (1 <= lo <= self.span and 0 <= self.lo < self.hi):
             raise ValueError(f"count: need 1 <= min_span <= span and lo < hi, got {self}")

@@ -54,7 +54,7 @@ def is_ar(model_dir: str | Path) -> bool:
 def prompts_of(tok, examples: list[Example]) -> list[list[int]]:
     from ..tokenizer import encode_prompt
 
-    return [encode_prompt(tok, ex.prompt, chat=True) for ex in examples]
+    return [encode_prompt(tok, ex.prompt, chat=True, turns=ex.turns) for ex in examples]
 
 
 def task_config(task: Task, sampler: str = "low_confidence", cache: str = "none", **kw):

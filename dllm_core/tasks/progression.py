@@ -32,6 +32,7 @@ class Progression(Task):
     max_step: int = 9
 
     def __post_init__(self):
+        super().__post_init__()
         lo = self.days if self.min_days is None else self.min_days
         if not (1 <= lo <= self.days and 0 <= self.lo <= self.hi and self.max_step >= 1):
             raise ValueError(f"progression: need 1 <= min_days <= days, lo <= hi, max_step >= 1, got {self}")

@@ -26,6 +26,7 @@ class Retrieval(Task):
     key_len: int = 4
 
     def __post_init__(self):
+        super().__post_init__()
         lo = self.pairs if self.min_pairs is None else self.min_pairs
         if not (1 <= lo <= self.pairs and self.key_len >= 2):
             raise ValueError(f"retrieval: need 1 <= min_pairs <= pairs and key_len >= 2, got {self}")

@@ -20,6 +20,7 @@ class Sort(Task):
     max_value: int = 9
 
     def __post_init__(self):
+        super().__post_init__()
         if not (2 <= self.min_len <= self.max_len and self.max_value >= 1):
             raise ValueError(f"sort: inconsistent sizes {self}")
 

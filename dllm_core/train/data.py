@@ -12,7 +12,7 @@ from ..tokenizer import encode_prompt
 
 def encode(tok, ex: Example, eot_id: int) -> tuple[list[int], list[int]]:
     """(prompt ids with the chat template, response ids + EOT)."""
-    prompt = encode_prompt(tok, ex.prompt, chat=True)
+    prompt = encode_prompt(tok, ex.prompt, chat=True, turns=ex.turns)
     return prompt, tok(ex.response, add_special_tokens=False)["input_ids"] + [eot_id]
 
 
@@ -30,6 +30,8 @@ class ChatEncoder:
         self.head, self.tail = full[:at], full[at + len(body):]
 
     def __call__(self, examples: list[Example]) -> list[tuple[list[int], list[int]]]:
+        if any(e.turns for e in examples):  # multi-turn prompts: the template per example
+            return [encode(self.tok, e, self.eot) for e in examples]
         texts = [e.prompt for e in examples] + [e.response for e in examples]
         ids = self.tok(texts, add_special_tokens=False)["input_ids"]
         n = len(examples)
