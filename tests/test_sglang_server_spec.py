@@ -107,6 +107,66 @@ def test_dflash_survives_a_soak_and_bad_requests(prompts, plain, dflash):
     assert dflash.generate(prompts[0], MAX_NEW)["output_ids"] == probe == plain[0]
 
 
+def test_dflash_adaptive_draft_length_is_lossless_and_keeps_the_drafter_context(prompts, plain, tmp_path):
+    """``--speculative-adaptive`` (the core's draft length per step, ``integrations/sglang/spec.py``) with options
+    that make it alternate plain steps (k = 0: the drafter's forward skipped) and whole blocks (speculation never
+    wins by a margin of 1e9; every second step re-measures the block): 16 concurrent greedy answers equal plain
+    decoding's, and the blocks after plain steps are accepted as a drafter that saw every token accepts them (the
+    drafter's context written at k = 0 too: 2.2 tokens per verify step here, 1.6 with the plain steps' context
+    left out, 5.8 for the whole block alone)."""
+    options = tmp_path / "adaptive.json"
+    options.write_text(json.dumps({"candidates": [0, 15], "margin": 1e9, "explore_every": 2}))
+    with SGLangServer(TARGET, *COMMON, *DFLASH, "--speculative-adaptive", "--speculative-adaptive-config",
+                      str(options), log=tmp_path / "server.log") as srv:
+        out = serve_all(srv, prompts)
+    assert [o["output_ids"] for o in out] == plain
+    tokens, steps = sum(len(o["output_ids"]) for o in out), sum(o["meta_info"]["spec_verify_ct"] for o in out)
+    assert 2.0 <= tokens / steps <= 4.0, (tokens, steps)  # plain steps ran (the block alone: 5.8), context kept
+
+
+def test_adaptive_options_of_a_launch():
+    """``--speculative-adaptive-config``'s JSON: the options of the core's ``AdaptiveDraft`` by name; any other
+    name is refused naming the file and the allowed names."""
+    from dllm_core.drafters.adaptive import AdaptiveDraft
+
+    assert AdaptiveDraft.of(15, {"candidates": [15, 0], "margin": 1.1}) == AdaptiveDraft(15, (0, 15), margin=1.1)
+    assert AdaptiveDraft.of(15, None) == AdaptiveDraft(15)
+    with pytest.raises(ValueError, match=r"^--speculative-adaptive-config a.json: unknown options \['blocks'\]; "
+                                         r"allowed: \['candidates', 'margin', 'explore_every', 'time_decay', "
+                                         r"'accept_decay'\]$"):
+        AdaptiveDraft.of(15, {"blocks": 4}, "--speculative-adaptive-config a.json")
+
+
+def test_step_clock_charges_each_interval_to_the_step_computed_in_it(monkeypatch):
+    """The adapter's measurements (``StepClock.dispatched`` / ``result``, SGLang's overlap scheduling: a step is
+    dispatched before the previous one's result): on a CPU, which computes a step as it is dispatched, the time between
+    two results (the process's CPU time) is that of the one decode step dispatched meanwhile; on a GPU, of the step
+    whose result it is. An interval holding a prefill, or no step, or two, measures nothing; the drafts accepted always
+    count."""
+    from types import SimpleNamespace
+
+    from dllm_core.drafters import adaptive
+
+    now = [0.0]
+    monkeypatch.setattr(adaptive, "time", SimpleNamespace(perf_counter=lambda: now[0], process_time=lambda: now[0]))
+
+    def play(synchronous: bool, script) -> tuple[dict, list[int]]:
+        clock, ks = adaptive.StepClock(adaptive.AdaptiveDraft(15, (0, 15)).new(), synchronous), []
+        for seconds, dispatch, accepted in script:  # one scheduler iteration: dispatch a step, then a result
+            now[0] += seconds
+            if dispatch is not None:
+                ks.append(clock.dispatched(dispatch))
+            if accepted is not None:
+                clock.result(accepted)
+        return {key: round(t, 6) for key, t in clock.lengths.time.items()}, ks
+
+    cpu = [(0.010, 2, None), (0.011, 2, [0, 0]), (0.012, 2, [0, 0]), (0.030, 2, [0, 0]), (0.001, None, [3, 15])]
+    assert play(True, cpu) == ({(2, 0): 0.012, (2, 15): 0.030}, [0, 0, 0, 15])
+    gpu = [(0.0, 2, None), (0.010, 2, [0, 0]), (0.010, 2, [0, 0]), (0.030, 0, [3, 15]), (0.5, 2, None),
+           (0.020, None, [0, 0])]
+    assert play(False, gpu) == ({(2, 0): 0.010, (2, 15): 0.030}, [0, 0, 15, 0, 15])
+
+
 def test_dflash_serves_bfloat16(prompts, tmp_path):
     """``--dtype bfloat16``: every request answers in full (MAX_NEW tokens or a stop), blocks accepted. (Its
     answers are bfloat16 decoding's, not float32's, so no equality with ``plain``.)"""

@@ -24,12 +24,14 @@ options (frozen, validated).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, fields
 from typing import Hashable, Mapping, Sequence
 
-from ..options import check_min, check_range
+from ..options import check_min, check_range, check_value
 
 PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
+PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,24 @@ class AdaptiveDraft:
                              f"{list(self.candidates)}")
         object.__setattr__(self, "candidates", tuple(sorted(self.candidates)))
 
+    @classmethod
+    def of(cls, max_draft: int, options: Mapping | None = None, where: str = "options") -> "AdaptiveDraft":
+        """From option names and values as a launch spells them (JSON / YAML); a name not an option is refused."""
+        options, types = dict(options or {}), {f.name: f.type for f in fields(cls)[1:]}
+        if set(options) - set(types):
+            raise ValueError(f"{where}: unknown options {sorted(set(options) - set(types))}; allowed: {list(types)}")
+        for name, value in options.items():
+            if name != "candidates":
+                options[name] = check_value(value, types[name], f"{where} {name}")
+            elif value is not None:
+                if not isinstance(value, (list, tuple)):
+                    raise ValueError(f"{where} candidates must be a list of draft lengths, got {value!r}")
+                options[name] = tuple(check_value(k, "int", f"{where} candidates") for k in value)
+        try:
+            return cls(max_draft, **options)
+        except ValueError as e:
+            raise ValueError(f"{where}: {e}") from None
+
     def new(self) -> "DraftLength":
         return DraftLength(self)
 
@@ -86,11 +106,12 @@ class DraftLength:
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
-        above s_{i-1}; a length never offered yet: the last measured conditional rate carried on)."""
+        above s_{i-1}; the counts start from ``PRIOR``; a length never offered yet: the last measured conditional rate
+        carried on)."""
         s, rate = [1.0], 1.0
         for i in range(1, self.opts.max_draft + 1):
             if self.reached[i] > 0:
-                si = min(self.passed[i] / self.reached[i], s[-1])
+                si = min((self.passed[i] + PRIOR) / (self.reached[i] + PRIOR), s[-1])
                 rate = si / s[-1] if s[-1] > 0 else 0.0
             else:
                 si = s[-1] * rate
@@ -140,6 +161,11 @@ class DraftLength:
         d = self.opts.time_decay
         key = (bucket(batch), k)
         self.time[key] = seconds if key not in self.time else d * self.time[key] + (1 - d) * seconds
+        self.count(k, accepted)
+
+    def count(self, k: int, accepted: Sequence[int]) -> None:
+        """The drafts each request accepted in a step that verified ``k`` drafts each (a host that learns a step's
+        time and its acceptance apart)."""
         d = self.opts.accept_decay
         if k and accepted:
             for i in range(1, k + 1):
@@ -148,20 +174,56 @@ class DraftLength:
 
 
 class StepClock:
-    """A host's view of one engine: ``lengths`` asked each step (``choose``), and each step reported as it ends
-    (``done``) with its time since the previous one (a host that steps back to back: the loop's period)."""
+    """A host's view of one engine: ``lengths`` asked each step (``choose``), and each step reported with its time
+    since the previous report (a host that steps back to back: the loop's period). Two ways to report: ``done`` as a
+    step ends (a host that knows its requests then: vLLM), or ``dispatched`` as it goes to the device and ``result``
+    when its acceptance comes back, later steps possibly dispatched meanwhile (SGLang's overlap scheduling);
+    ``synchronous``: the device computes a step as it is dispatched (the host's CPU: its time is then this process's
+    CPU time, which other processes' load does not inflate), an asynchronous one in the background (wall time)."""
 
-    def __init__(self, lengths: DraftLength):
-        self.lengths, self.last = lengths, time.perf_counter()
+    def __init__(self, lengths: DraftLength, synchronous: bool = False):
+        self.timer = time.process_time if synchronous else time.perf_counter
+        self.lengths, self.last, self.synchronous = lengths, self.timer(), synchronous
+        self.pending: deque[tuple[int, int] | None] = deque(maxlen=16)  # dispatched: (batch, k); None: a prefill
+        self.since: list[tuple[int, int] | None] = []  # dispatched since the previous result
 
     def done(self, scheduled: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
              emitted: Mapping[Hashable, int]) -> None:
         """A step ended: ``scheduled`` tokens per request, ``drafts`` verified per request, ``emitted`` tokens per
         request. A decode-only step (every request runs its drafts + 1) reports its batch, draft count, time and the
         drafts each request accepted; a step with a prefill only restarts the clock."""
-        now = time.perf_counter()
-        seconds, self.last = now - self.last, now
+        seconds = self.restart()
         k = max(drafts.values(), default=0)
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
             accepted = [emitted[r] - 1 for r in drafts if r in emitted]
             self.lengths.observe(len(scheduled), k, seconds, accepted if k else ())
+
+    def dispatched(self, batch: int) -> int:
+        """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill) -> its draft length."""
+        k = self.lengths.choose(batch) if batch else 0
+        self.pending.append((batch, k) if batch else None)
+        self.since = self.since[:1] + [self.pending[-1]]  # (one step, or more than one)
+        return k
+
+    def result(self, accepted: Sequence[int]) -> None:
+        """The oldest dispatched decode step's result (results come in step order, a prefill's is not reported):
+        the drafts each request accepted. The time since the previous result is the computing of this step on an
+        asynchronous device, and on a synchronous one of the steps dispatched meanwhile (under overlap scheduling
+        the step after this one); it is measured when that is one decode step, with no prefill."""
+        seconds, prefill, step = self.restart(), False, None
+        ran, self.since = (self.since[0] if len(self.since) == 1 else None), []
+        while self.pending and (step := self.pending.popleft()) is None:
+            prefill = True
+        if step is None or step[0] != len(accepted):  # not a step dispatched here
+            return
+        self.lengths.count(step[1], accepted)
+        if not self.synchronous:
+            ran = None if prefill else step
+        if ran is not None:
+            self.lengths.observe(*ran, seconds)
+
+    def restart(self) -> float:
+        """Restart the clock -> the seconds since the previous step."""
+        now = self.timer()
+        seconds, self.last = now - self.last, now
+        return seconds

@@ -1,7 +1,5 @@
-"""Requests a server cannot serve get HTTP 400 naming the field (AFTER ``TokenizerManager._validate_one_request``):
-prompt ids past the vocabulary (they stop SGLang's scheduler) and, on a dLLM server, what a diffusion decode does
-not do; the rules are the core's (``token_range_error``, ``not_decoded_error``), SGLang's field names are here.
-"""
+"""Requests a server cannot serve get HTTP 400 naming the field (``patches/sglang/README.md``): the rules are the
+core's (``token_range_error``, ``not_decoded_error``), SGLang's field names are here."""
 from __future__ import annotations
 
 from dllm_core.engine.request import not_decoded_error
@@ -15,9 +13,11 @@ GRAMMARS = ("regex", "json_schema", "ebnf", "structural_tag")
 def validate_request(result, manager, obj, input_ids, *args, **_):
     """AFTER ``TokenizerManager._validate_one_request``: prompt ids in the vocabulary (every server); on a dLLM
     server also a prompt of at least one token and nothing asked that a diffusion decode does not do."""
+    from sglang.srt.arg_groups.overrides import resolving_view
+
     if input_ids is not None and (err := token_range_error(input_ids, manager.model_config.vocab_size)):
         raise ValueError(err)
-    if not serves_dllm(manager.server_args):
+    if resolving_view(manager.server_args).dllm_algorithm is None:
         return result
     if input_ids is not None and len(input_ids) == 0:
         raise ValueError("prompt: a diffusion decode needs at least one prompt token, got an empty prompt")
@@ -26,23 +26,15 @@ def validate_request(result, manager, obj, input_ids, *args, **_):
     return result
 
 
-def serves_dllm(server_args) -> bool:
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    return resolving_view(server_args).dllm_algorithm is not None
-
-
 def asked(obj) -> dict[str, str]:
     """What a ``GenerateReqInput`` asks beyond the defaults, as {``NOT_DECODED`` concept: its field}."""
-    sp = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else {}
-    out = {}
+    sp, out = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else {}, {}
     if (sp.get("n") or 1) > 1:
         out["samples"] = "sampling_params.n"
     if getattr(obj, "return_logprob", False) is True:
         out["logprobs"] = "return_logprob"
-    for k in GRAMMARS:
-        if sp.get(k) is not None:
-            out.setdefault("grammar", f"sampling_params.{k}")
+    if grammar := next((k for k in GRAMMARS if sp.get(k) is not None), None):
+        out["grammar"] = f"sampling_params.{grammar}"
     if (sp.get("min_new_tokens") or 0) > 0:
         out["min_tokens"] = "sampling_params.min_new_tokens"
     for k, neutral in PENALTIES:

@@ -1,15 +1,13 @@
-"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream / LLaDA2 checkpoints and TokenSwift heads (a
-``--speculative-draft-model-path``) through dllm_core's HF config classes (``dllm_core.models.hf_config``),
-without ``--trust-remote-code``."""
+"""SGLang's ``ModelConfig`` (``AutoConfig``) reads LLaDA / Dream / LLaDA2 checkpoints and TokenSwift heads through
+dllm_core's HF config classes (``dllm_core.models.hf_config``), without ``--trust-remote-code``."""
 from __future__ import annotations
 
 from dllm_core.models.hf_config import DreamConfig, LLaDA2MoeConfig, LLaDAConfig, TokenSwiftHeadsConfig
 
 
 def register_configs() -> None:
-    """Make ``AutoConfig`` resolve these model types locally (no remote code). A class already
-    registered for the type (e.g. by the vLLM adapter in the same process, a superset of these
-    fields) is kept."""
+    """Make ``AutoConfig`` resolve these model types locally (no remote code). A class already registered for the
+    type (e.g. by the vLLM adapter in the same process, a superset of these fields) is kept."""
     from transformers import AutoConfig
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING
 
@@ -19,8 +17,7 @@ def register_configs() -> None:
 
 
 def hf_dict(hf_config) -> dict:
-    """The config as the checkpoint's config.json spells it (+ rope_theta, which transformers 5
-    moves into ``rope_parameters``): the input of dllm_core's ``parse_config``."""
+    """The config as config.json spells it (+ rope_theta, which transformers 5 moves into ``rope_parameters``)."""
     d = hf_config.to_dict()
     rope = d.get("rope_parameters") or {}
     if "rope_theta" not in d and "rope_theta" in rope:

@@ -1,7 +1,5 @@
-"""Speculative drafters in the server's ``--dtype`` (the core's rule, ``dllm_core.drafters.dtypes``): a DFLASH draft
-runner's embeddings in its own dtype (AFTER ``ModelRunner._extend_forward_kwargs``, which casts them to bfloat16)
-and the launch check (AFTER ``handle_speculative_decoding``); ``patches/sglang/README.md`` has the gap.
-"""
+"""Speculative drafters in the server's ``--dtype`` (the core's rule, ``dllm_core.drafters.dtypes``); the gap and its
+two hooks: ``patches/sglang/README.md``."""
 from __future__ import annotations
 
 import torch
@@ -13,8 +11,8 @@ OPTION = "--dtype"
 
 
 def embeds_in_runner_dtype(kwargs, runner, forward_batch, *args, **_):
-    """AFTER ``ModelRunner._extend_forward_kwargs``: a draft runner's ``input_embeds`` in its own dtype (SGLang
-    casts them to bfloat16); other runners, and batches with replaced embeddings, as SGLang built them."""
+    """AFTER ``ModelRunner._extend_forward_kwargs`` (which casts them to bfloat16): a draft runner's ``input_embeds``
+    in its own dtype; other runners, and batches with replaced embeddings, as SGLang built them."""
     embeds = forward_batch.input_embeds
     given = kwargs.get("input_embeds") if isinstance(kwargs, dict) else None
     if (getattr(runner, "is_draft_worker", False) and embeds is not None and given is not None
@@ -24,9 +22,8 @@ def embeds_in_runner_dtype(kwargs, runner, forward_batch, *args, **_):
 
 
 def check_dflash_dtype(target_dtype: torch.dtype, embeds_follow: bool) -> torch.dtype:
-    """The DFLASH drafter's dtype beside a target in ``target_dtype`` (the core's rule); without the embeddings
-    hook (``embeds_follow`` False: a later SGLang renamed its target) SGLang feeds the drafter bfloat16, so only
-    bfloat16 is served: anything else is refused here, at launch, not at the first request."""
+    """The DFLASH drafter's dtype beside a target in ``target_dtype``; without the embeddings hook (``embeds_follow``
+    False) only bfloat16 is served: anything else is refused at launch, not at the first request."""
     dtype = drafter_dtype(target_dtype, OPTION)
     if dtype != torch.bfloat16 and not embeds_follow:
         raise ValueError(f"{OPTION} {dtype_label(dtype)} with --speculative-algorithm DFLASH: this SGLang hands the "

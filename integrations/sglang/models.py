@@ -1,8 +1,6 @@
-"""LLaDA-8B (``LLaDAModelLM``) and Dream-7B (``DreamModel``) as SGLang dLLM models in SGLang's layers
-(``RadixAttention`` ``ENCODER_ONLY``: the block attends to the paged prefix and itself), sizes and key names from
-dllm_core; a forward runs the core's plan of the step (``block_step``), Dream's prefix row (``prefix_row.py``) or,
-for a policy over the whole response, the planned rows (``response.ResponseForward``).
-"""
+"""LLaDA-8B and Dream-7B as SGLang dLLM models in SGLang's layers (``RadixAttention`` ``ENCODER_ONLY``), sizes and key
+names from dllm_core; a forward runs the core's plan of the step (``block_step``), Dream's prefix row
+(``prefix_row.py``) or, for a policy over the whole response, the planned rows (``response.ResponseForward``)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -43,9 +41,7 @@ class DiffusionMLP(nn.Module):
         self.act = SiluAndMul()
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
-        gate_up, _ = self.gate_up_proj(h)
-        out, _ = self.down_proj(self.act(gate_up))
-        return out
+        return self.down_proj(self.act(self.gate_up_proj(h)[0]))[0]
 
 
 class DiffusionAttention(nn.Module):
@@ -56,8 +52,7 @@ class DiffusionAttention(nn.Module):
         tp = get_parallel().attn_tp_size
         if a.n_heads % tp or (a.n_kv_heads >= tp and a.n_kv_heads % tp) or (a.n_kv_heads < tp and tp % a.n_kv_heads):
             raise ValueError(f"--tp-size {tp} does not divide the model's {a.n_heads} heads / {a.n_kv_heads} KV heads")
-        self.head_dim = a.head_dim
-        self.n_heads, self.n_kv = a.n_heads // tp, max(1, a.n_kv_heads // tp)
+        self.head_dim, self.n_heads, self.n_kv = a.head_dim, a.n_heads // tp, max(1, a.n_kv_heads // tp)
         self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
@@ -86,8 +81,7 @@ class DiffusionAttention(nn.Module):
 
     def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
         """Attention (writes k/v into the paged cache at ``out_cache_loc``) + output projection."""
-        out, _ = self.o_proj(self.attn(q, k, v, forward_batch))
-        return out
+        return self.o_proj(self.attn(q, k, v, forward_batch))[0]
 
 
 class DiffusionLayer(nn.Module):
@@ -116,8 +110,7 @@ class DiffusionLayer(nn.Module):
                                value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn)
 
     def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:
-        a = self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)
-        h = x + a
+        h = x + self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)
         return h + self.ffn(h)
 
 
@@ -149,13 +142,8 @@ class DiffusionLMForSGLang(nn.Module):
         self.response_forward = ResponseForward(self)
         self.prefix_rows = PrefixRows(self) if self.core_cls.shift_logits else None
 
-    @property
-    def start_layer(self) -> int:
-        return 0
-
-    @property
-    def end_layer(self) -> int:
-        return self.args.n_layers
+    start_layer = 0  # (SGLang's layer range of this rank: every layer)
+    end_layer = property(lambda self: self.args.n_layers)
 
     def get_input_embeddings(self) -> nn.Module:
         return self.embed
@@ -183,7 +171,6 @@ class DiffusionLMForSGLang(nn.Module):
             out.full_logits = PrefixRows.shift(out.full_logits[:n], out.full_logits[n:])
         return out
 
-    # ---- weights ---------------------------------------------------------------------------
     @staticmethod
     def sglang_name(name: str) -> tuple[str, object]:
         """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
@@ -191,16 +178,12 @@ class DiffusionLMForSGLang(nn.Module):
         if parts[0] != "layers":
             return name, None
         i, proj, leaf = parts[1], parts[2], parts[3]
-        if proj in _FUSED:
-            target, shard = _FUSED[proj]
-            return f"layers.{i}.{target}.{leaf}", shard
-        return f"layers.{i}.{_PLAIN[proj]}.{leaf}", None
+        target, shard = _FUSED.get(proj) or (_PLAIN[proj], None)
+        return f"layers.{i}.{target}.{leaf}", shard
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        """Load real HF checkpoint tensors (LLaDA / Dream key names) through each parameter's
-        SGLang ``weight_loader`` (TP sharding, fused QKV / gate-up)."""
-        params = dict(self.named_parameters())
-        loaded = set()
+        """HF checkpoint tensors (LLaDA / Dream key names) through each parameter's ``weight_loader`` (TP sharding)."""
+        params, loaded = dict(self.named_parameters()), set()
         for name, w in self.core_cls.native_weights(self.args, weights, type(self).__name__):
             if name == "embed.weight" and self.args.tied_embeddings:
                 self._load(params["lm_head.weight"], w, None)
@@ -215,19 +198,14 @@ class DiffusionLMForSGLang(nn.Module):
 
     @staticmethod
     def _load(param, w, shard) -> None:
-        loader = getattr(param, "weight_loader", default_weight_loader)
-        loader(param, w) if shard is None else loader(param, w, shard)
+        getattr(param, "weight_loader", default_weight_loader)(param, w, *(() if shard is None else (shard,)))
 
 
-class LLaDAModelLM(DiffusionLMForSGLang):
-    """LLaDA-8B Base / Instruct / 1.5 (logits not shifted)."""
-
+class LLaDAModelLM(DiffusionLMForSGLang):  # LLaDA-8B Base / Instruct / 1.5 (logits not shifted)
     core_cls = core.LLaDAModelLM
 
 
-class DreamModel(DiffusionLMForSGLang):
-    """Dream-v0-7B Base / Instruct (logit row i predicts position i + 1)."""
-
+class DreamModel(DiffusionLMForSGLang):  # Dream-v0-7B Base / Instruct (logit row i predicts position i + 1)
     core_cls = core.DreamModel
 
 

@@ -1,9 +1,5 @@
-"""``--dllm-algorithm-config`` YAML -> dllm_core ``FlatOptions`` (the keys are listed in
-``integrations/sglang/README.md``): the sampler's own options (or ``sampler`` / ``steps`` for ``DllmCore``),
-``temperature, top_p, top_k, seed``, ``cache`` (a dllm_core spec in vLLM's vocabulary: ``canvas[:kr=..]`` over
-SGLang's block, a policy that refreshes the prefix over the whole response) and ``block_size`` (SGLang's own).
-Every value is validated by the core's builders, so a bad option fails at launch with its name and allowed values.
-"""
+"""``--dllm-algorithm-config`` YAML -> dllm_core ``FlatOptions`` (the keys: ``integrations/sglang/README.md``), every
+value validated by the core's builders: a bad option fails at launch with its name and allowed values."""
 from __future__ import annotations
 
 from dllm_core.engine.host_options import POLICY_KEY, FlatOptions, read_mapping, with_default_policy
@@ -12,8 +8,7 @@ HOST_KEYS = ("block_size",)  # SGLang's own DllmConfig reads these
 RENAMED = "dllm_cache"  # before 0.2: dLLM-Cache over the block as a mapping
 
 
-def read_yaml(path: str | None) -> dict:
-    """The YAML mapping at ``path`` ({} when no config was given)."""
+def read_yaml(path: str | None) -> dict:  # ({} when no config was given)
     return read_mapping(path, "--dllm-algorithm-config")
 
 

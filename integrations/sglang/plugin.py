@@ -1,14 +1,10 @@
 """The SGLang plugin (entry point ``sglang.srt.plugins: dllm``), run by SGLang's ``load_plugins()`` early in every
 process; it changes no SGLang file: our algorithms, configs and model classes into SGLang's registries, and hooks
-(``register``); ``patches/sglang/README.md`` has each hook and its reason.
-"""
+(``register``); ``patches/sglang/README.md`` has each hook and its reason."""
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import logging
-
-logger = logging.getLogger(__name__)
 
 DEFAULT_BLOCK = 32
 ARCHS = ("LLaDAModelLM", "DreamModel")
@@ -17,39 +13,32 @@ BLOCK_CAUSAL = "LLaDA2MoeModelLM"  # SGLang's own model class; its block size is
 
 def register() -> None:
     """Entry point: register algorithms, configs and hooks (idempotent)."""
+    from sglang.srt.dllm.algorithm import algo_name_to_cls
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .admission import HOOK as ADMISSION_HOOK, validate_request
+    from .algorithm import ALGORITHMS
     from .configs import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
+    from .spec import adaptive_worker
 
     register_configs()
-    register_algorithms()
+    algo_name_to_cls.update((cls.__name__, cls) for cls in ALGORITHMS)
+    init_new = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
     hooks = [("sglang.srt.dllm.config.DllmConfig.from_server_args", dllm_config, HookType.AROUND),
              ("sglang.srt.model_loader.utils.get_model_architecture", register_models, HookType.BEFORE),
-             ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_last_prefix_ids,
-              HookType.AFTER),
-             ("sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new", add_request_info,
-              HookType.AFTER),
+             (init_new, add_last_prefix_ids, HookType.AFTER), (init_new, add_request_info, HookType.AFTER),
              ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER),
              (EMBEDS_HOOK, embeds_in_runner_dtype, HookType.AFTER),
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
               HookType.AFTER),
-             (ADMISSION_HOOK, validate_request, HookType.AFTER)]
+             (ADMISSION_HOOK, validate_request, HookType.AFTER),
+             ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, fn, kind)
     if importlib.util.find_spec(f"{__package__}.tokenswift") is not None:  # sibling: TokenSwift speculative
         importlib.import_module(f"{__package__}.tokenswift").register()  # algorithm (last: its errors spare ours)
-
-
-def register_algorithms() -> None:
-    from sglang.srt.dllm.algorithm import algo_name_to_cls
-
-    from .algorithm import ALGORITHMS
-
-    for cls in ALGORITHMS:
-        algo_name_to_cls[cls.__name__] = cls
 
 
 def register_models(*args, **kwargs) -> None:
@@ -62,21 +51,23 @@ def register_models(*args, **kwargs) -> None:
         ModelRegistry.models[cls.__name__] = cls
 
 
-def model_architecture(server_args) -> str | None:
-    """``architectures[0]`` of the served model's config (SGLang's ModelConfig: overrides applied)."""
+def hf_config(server_args):
+    """The served model's HF config (SGLang's ModelConfig: overrides applied)."""
     from sglang.srt.arg_groups.overrides import resolving_view
     from sglang.srt.configs.model_config import ModelConfig
 
     cfg = resolving_view(server_args)
-    hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
-    return (getattr(hf, "architectures", None) or [None])[0]
+    return ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
+
+
+def model_architecture(server_args, hf=None) -> str | None:
+    """``architectures[0]`` of the served model's config (``hf``: that config, already read)."""
+    return (getattr(hf or hf_config(server_args), "architectures", None) or [None])[0]
 
 
 def dllm_config(original, server_args):
-    """AROUND ``DllmConfig.from_server_args``: LLaDA-8B / Dream rows of the architecture table;
-    every other architecture goes to SGLang's own table."""
+    """AROUND ``DllmConfig.from_server_args``: LLaDA-8B / Dream rows of the architecture table (others: SGLang's)."""
     from sglang.srt.arg_groups.overrides import resolving_view
-    from sglang.srt.configs.model_config import ModelConfig
     from sglang.srt.dllm.algorithm import get_algorithm_cls
     from .algorithm import DllmServeConfig
     from .options import read_yaml, with_default_cache
@@ -84,8 +75,8 @@ def dllm_config(original, server_args):
     cfg = resolving_view(server_args)
     if cfg.dllm_algorithm is None:
         return original(server_args)
-    hf = ModelConfig.from_server_args(server_args, model_path=cfg.model_path, model_revision=cfg.revision).hf_config
-    arch = (getattr(hf, "architectures", None) or [None])[0]
+    hf = hf_config(server_args)
+    arch = model_architecture(server_args, hf)
     if arch not in ARCHS and arch != BLOCK_CAUSAL:
         return original(server_args)
     from dllm_core.models.llada2 import BLOCK_SIZE, MASK_ID

@@ -1,7 +1,6 @@
 """Dream's shifted logits in SGLang's block forward: block position 0 (at s) is predicted from position s - 1's
 final hidden state, recomputed once per block from the paged K/V of [0, s) and kept per request slot (as the core's
-``CanvasCache``); the token at s - 1 comes from the plugin's ``ForwardBatch.init_new`` hook (``patches/sglang``).
-"""
+``CanvasCache``); the token at s - 1: the plugin's ``ForwardBatch.init_new`` hook (``patches/sglang``)."""
 from __future__ import annotations
 
 import torch
@@ -41,24 +40,22 @@ class PrefixRows:
         self.pending = (list(slots), ids)
 
     def rows(self, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor | None:
-        """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0), or None outside
-        a dLLM block forward."""
+        """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0); None outside a dLLM block forward."""
         if not fb.forward_mode.is_dllm_extend():
             return None
-        B = fb.batch_size
-        pool = get_req_to_token_pool()
+        B, pool = fb.batch_size, get_req_to_token_pool()
         if self.h is None:
             S = pool.req_to_token.shape[0]
             self.h = self.model.embed.weight.new_zeros(S, self.model.args.dim)
             self.tag = torch.full((S, 2), -1, dtype=torch.long)
-        starts = positions.view(B, -1)[:, 0].tolist()
-        slots = fb.req_pool_indices.tolist()
+        starts, slots = positions.view(B, -1)[:, 0].tolist(), fb.req_pool_indices.tolist()
         gens = pool.req_generation[slots].tolist()
         need = [b for b in range(B) if starts[b] > 0 and self.tag[slots[b]].tolist() != [starts[b] - 1, gens[b]]]
         if need:
             if self.pending is None or self.pending[0] != slots:
-                raise RuntimeError("DreamModel: no last-prefix token ids for this batch; the dllm-serve SGLang plugin's "
-                                   "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
+                raise RuntimeError("DreamModel: no last-prefix token ids for this batch; the dllm-serve SGLang "
+                                   "plugin's ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow "
+                                   "'dllm')")
             self._recompute(self.pending[1][need], [starts[b] - 1 for b in need], [slots[b] for b in need])
             for b in need:
                 self.tag[slots[b]] = torch.tensor([starts[b] - 1, gens[b]])
@@ -67,15 +64,11 @@ class PrefixRows:
 
     def _recompute(self, ids: torch.Tensor, pos: list[int], slots: list[int]) -> None:
         """Run positions ``pos`` (tokens ``ids``) through every layer against the paged K/V [0, pos]."""
-        m = self.model
-        p = torch.tensor(pos, device=ids.device)
-        req = torch.tensor(slots, device=ids.device)
-        x = m.embed(ids)
-        for layer in m.layers:
+        p, req, x = torch.tensor(pos, device=ids.device), torch.tensor(slots, device=ids.device), self.model.embed(ids)
+        kv_len = [i + 1 for i in pos]
+        for layer in self.model.layers:
             att = layer.self_attn
-            q, _, _ = att.qkv(p, layer.attn_norm(x))
-            a, _ = att.o_proj(pool_attention(q, req, [i + 1 for i in pos], att.attn))
-            x = x + a
+            x = x + att.o_proj(pool_attention(att.qkv(p, layer.attn_norm(x))[0], req, kv_len, att.attn))[0]
             x = x + layer.ffn(x)
         self.h[req] = x
 

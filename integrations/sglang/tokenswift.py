@@ -1,7 +1,6 @@
 """TokenSwift as an SGLang speculative algorithm (``--speculative-algorithm TOKENSWIFT``), registered through
 ``SpeculativeAlgorithm.register``: NGRAM for the scheduler, a ``NGRAMWorker`` drafting the core's ``TokenSwiftDrafter``
-trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest.
-"""
+trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest."""
 from __future__ import annotations
 
 import numpy as np
@@ -14,10 +13,8 @@ from dllm_core.drafters.tokenswift.tree import padded
 NAME = "TOKENSWIFT"
 
 
-# --- drafting (pure, CPU-testable) -------------------------------------------------------------------------------
 class TreeDrafter(TokenSwiftDrafter):
-    """dllm_core's drafter with trees of at most ``draft_token_num`` nodes in SGLang's NGRAM verify format;
-    ``options``: fields of dllm_core's ``DraftOptions`` (its defaults otherwise)."""
+    """dllm_core's drafter, trees of at most ``draft_token_num`` nodes in NGRAM's verify format (``DraftOptions``)."""
 
     def __init__(self, draft_token_num: int, heads=None, lm_head=None, **options):
         if draft_token_num < 2:
@@ -31,15 +28,13 @@ class TreeDrafter(TokenSwiftDrafter):
         return ids.numpy(), mask.numpy()
 
 
-# --- SGLang glue ------------------------------------------------------------------------------------------------
 def _spec_class():
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
     from sglang.srt.speculative.spec_registry import CustomSpecAlgo
 
     class TokenSwiftSpecAlgo(CustomSpecAlgo):
-        """NGRAM for the scheduler (tree verify, no draft KV), TokenSwift's worker for the drafts. Scheduler
-        queries ``CustomSpecAlgo`` does not define (0.5.23: ``carries_draft_hidden_states``,
-        ``create_future_map``, ``need_topk``) are answered as for NGRAM."""
+        """NGRAM for the scheduler (tree verify, no draft KV), TokenSwift's worker for the drafts; scheduler queries
+        ``CustomSpecAlgo`` does not define (0.5.23: ``create_future_map``, ``need_topk``, ...) answered as NGRAM's."""
 
         def __getattr__(self, name):
             if name.startswith("_"):
@@ -65,8 +60,7 @@ def worker_class(server_args=None):
     class TokenSwiftWorker(NGRAMWorker):
         def __init__(self, server_args, gpu_id, nccl_port, target_worker):
             super().__init__(server_args, gpu_id, nccl_port, target_worker)
-            model = self.model_runner.model
-            heads, lm_head = None, None
+            model, heads, lm_head = self.model_runner.model, None, None
             path = getattr(server_args, "speculative_draft_model_path", None)
             if path:
                 from dllm_core.drafters.dtypes import drafter_dtype
@@ -89,14 +83,9 @@ def worker_class(server_args=None):
                 prev_ids = batch.spec_info.accept_tokens.cpu().tolist()
                 prev_lens = batch.spec_info.accept_lens.cpu().tolist()
             self.prev_token_ids, self.prev_accept_lens = prev_ids, prev_lens
-            drafts, masks = [], []
-            for i, req in enumerate(batch.reqs):
-                extra = prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else []
-                tokens = list(req.origin_input_ids_unpadded) + list(req.output_ids) + extra
-                t, m = self.drafter.draft(req.rid, tokens)
-                drafts.append(t)
-                masks.append(m.flatten())
-            return np.concatenate(drafts), np.concatenate(masks)
+            drafts = [self.drafter.draft(r.rid, list(r.origin_input_ids_unpadded) + list(r.output_ids) + (
+                prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else [])) for i, r in enumerate(batch.reqs)]
+            return np.concatenate([t for t, _ in drafts]), np.concatenate([m.flatten() for _, m in drafts])
 
         def _update_ngram_corpus(self, batch):
             pass  # TreeDrafter updates each request's table from its full token list when drafting
@@ -109,13 +98,11 @@ def worker_class(server_args=None):
             out = super().forward_batch_generation(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
             if self._hidden is not None and self.drafter.heads is not None:
                 if extend and lens is not None:
-                    ends = np.cumsum(lens)
-                    for rid, e in zip(rids, ends):
+                    for rid, e in zip(rids, np.cumsum(lens)):
                         self.drafter.set_hidden(rid, self._hidden[e - 1:e])
                 elif not extend:
-                    d = self.draft_token_num
-                    for i, rid in enumerate(rids):
-                        self.drafter.set_hidden(rid, self._hidden[i * d:(i + 1) * d])
+                    for rid, h in zip(rids, self._hidden.split(self.draft_token_num)):
+                        self.drafter.set_hidden(rid, h)
             return out
 
     return TokenSwiftWorker
@@ -126,8 +113,6 @@ def register() -> None:
     from sglang.srt.speculative.spec_info import SpeculativeAlgorithm
 
     try:
-        SpeculativeAlgorithm.from_string(NAME)
-        return  # already registered in this process
+        SpeculativeAlgorithm.from_string(NAME)  # already registered in this process
     except ValueError:
-        pass
-    SpeculativeAlgorithm.register(NAME, supports_overlap=True, spec_class=_spec_class())(worker_class)
+        SpeculativeAlgorithm.register(NAME, supports_overlap=True, spec_class=_spec_class())(worker_class)

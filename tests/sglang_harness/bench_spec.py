@@ -11,11 +11,25 @@ a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" coun
 
     python tests/sglang_harness/bench_spec.py --tasks "arithmetic;sort;count" --n 8 --max-new-tokens 256 \
         --dtype bfloat16 --servers ar,dflash
+
+``--rounds R`` measures docs/benchmarks.md "Speculation that never loses: SGLang (CPU)" instead: the servers run side
+by side (an idle one sleeps), and at each number of requests in flight (``--concurrency 1,4,16,64``: the prompts sent
+that many at a time) every server takes a warm-up pass (the adaptive one measures its lengths at that batch size, as
+a running server has) and then R rounds, in ABBA order (the servers in turn, reversed every other round): requests/s
+(median over rounds), the median over rounds of each server's ratio to the first in the same round (and its range),
+the same per CPU second of each server's scheduler process (the process that runs every forward: on a shared machine
+other processes' load inflates wall time, not this), and answers identical to the first's in every round:
+
+    python tests/sglang_harness/bench_spec.py --servers ar,dflash,adaptive --dtype float32 --rounds 2 \
+        --max-running-requests 64 --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
+import statistics
 import sys
 from pathlib import Path
 
@@ -24,7 +38,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "examples")]
 
 from server import SGLangServer  # noqa: E402
-from sglang_spec_bench import measure, table, task_prompts  # noqa: E402
+from sglang_spec_bench import measure, run, table, task_prompts  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
 FLAGS = {
@@ -32,9 +46,63 @@ FLAGS = {
     "dflash": ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
                str(ROOT / "models" / "dflash-qwen3-tasks"), "--speculative-num-draft-tokens", "16",
                "--speculative-draft-attention-backend", "torch_native"),
+    "adaptive": ("--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                 str(ROOT / "models" / "dflash-qwen3-tasks"), "--speculative-num-draft-tokens", "16",
+                 "--speculative-draft-attention-backend", "torch_native", "--speculative-adaptive"),
     "tokenswift": ("--speculative-algorithm", "TOKENSWIFT", "--speculative-num-draft-tokens", "8",
                    "--speculative-draft-model-path", str(ROOT / "models" / "tokenswift-qwen3-tasks")),
 }
+
+
+def scheduler_cpu_seconds(srv: SGLangServer) -> float:
+    """CPU seconds its scheduler process has used (it computes every forward on this CPU: a measure of a pass that
+    other processes' load on a shared machine does not inflate, unlike its wall time)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    for pid in os.listdir("/proc"):
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except (OSError, ValueError):
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if "(sglang::schedul" in stat and int(fields[1]) == srv.proc.pid:  # (comm is cut at 15 characters)
+            return (int(fields[11]) + int(fields[12])) / tick
+    raise RuntimeError("no scheduler process under the server")
+
+
+def timed(srv: SGLangServer, prompts, max_new: int, c: int) -> dict:
+    cpu = scheduler_cpu_seconds(srv)
+    r = run(srv.url, prompts, max_new, c)
+    return {**r, "cpu_seconds": scheduler_cpu_seconds(srv) - cpu}
+
+
+def rounds(names: list[str], prompts, max_new: int, concurrency: list[int], n_rounds: int, flags) -> dict:
+    """The paired rounds (module docstring), all servers up at once."""
+    with contextlib.ExitStack() as stack:
+        srvs = {name: stack.enter_context(SGLangServer(TARGET, *flags, *FLAGS[name])) for name in names}
+        out = {}
+        for c in concurrency:
+            for name in names:
+                run(srvs[name].url, prompts, max_new, c)  # warm-up pass
+            passes = [{name: timed(srvs[name], prompts, max_new, c) for name in (names if r % 2 == 0 else names[::-1])}
+                      for r in range(n_rounds)]
+            ratios = {name: sorted(p[names[0]]["seconds"] / p[name]["seconds"] for p in passes) for name in names}
+            cpu = {name: statistics.median(p[names[0]]["cpu_seconds"] / p[name]["cpu_seconds"] for p in passes)
+                   for name in names}
+            out[c] = {name: {
+                "requests_per_s": round(statistics.median(len(prompts) / p[name]["seconds"] for p in passes), 2),
+                "vs_first": round(statistics.median(ratios[name]), 3),
+                "vs_first_range": [round(ratios[name][0], 3), round(ratios[name][-1], 3)],
+                "requests_per_cpu_s": round(statistics.median(len(prompts) / p[name]["cpu_seconds"] for p in passes),
+                                            2),
+                "vs_first_cpu": round(cpu[name], 3),
+                "identical": min(sum(a == b for a, b in zip(p[name]["answers"], p[names[0]]["answers"]))
+                                 for p in passes),
+                "tokens_per_verify": round(sum(p[name]["tokens"] for p in passes)
+                                           / sum(p[name]["verify_steps"] for p in passes), 2)
+                if passes[0][name]["verify_steps"] else None}
+                for name in names}
+            print(json.dumps({c: out[c]}), flush=True)
+    return out
 
 
 def main() -> None:
@@ -42,7 +110,9 @@ def main() -> None:
     p.add_argument("--tasks", default="arithmetic;sort")
     p.add_argument("--n", type=int, default=25)
     p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--concurrency", type=int, default=1)
+    p.add_argument("--concurrency", default="1", help="requests in flight (several, comma-separated: --rounds)")
+    p.add_argument("--rounds", type=int, default=0, help="paired rounds (module docstring); 0: one pass each")
+    p.add_argument("--max-running-requests", type=int, help="every server's (SGLang's default: 48 with speculation)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--servers", default=",".join(FLAGS), help=f"comma-separated subset of {list(FLAGS)}")
     p.add_argument("--out")
@@ -51,13 +121,21 @@ def main() -> None:
     if not names or set(names) - set(FLAGS):
         p.error(f"--servers: expected names from {list(FLAGS)}, got {a.servers!r}")
     prompts = task_prompts(str(TARGET), a.tasks, a.n)
-    dtype = () if a.dtype == "auto" else ("--dtype", a.dtype)
-    runs = {}
-    for name in names:
-        with SGLangServer(TARGET, *dtype, *FLAGS[name]) as srv:
-            runs[name] = measure(srv.url, prompts, a.max_new_tokens, a.concurrency)
-    result = {"tasks": a.tasks, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens,
-              "concurrency": a.concurrency, "dtype": a.dtype, "servers": table(runs)}
+    flags = (() if a.dtype == "auto" else ("--dtype", a.dtype)) + (
+        () if a.max_running_requests is None else ("--max-running-requests", str(a.max_running_requests),
+                                                   "--max-total-tokens", str(max(16384, 512 * a.max_running_requests))))
+    conc = [int(c) for c in a.concurrency.split(",")]
+    result = {"tasks": a.tasks, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "dtype": a.dtype}
+    if a.rounds:
+        result.update(rounds=a.rounds, table=rounds(names, prompts, a.max_new_tokens, conc, a.rounds, flags))
+    else:
+        if len(conc) != 1:
+            p.error("--concurrency: one value without --rounds")
+        runs = {}
+        for name in names:
+            with SGLangServer(TARGET, *flags, *FLAGS[name]) as srv:
+                runs[name] = measure(srv.url, prompts, a.max_new_tokens, conc[0])
+        result.update(concurrency=conc[0], servers=table(runs))
     print(json.dumps(result, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2))
