@@ -23,7 +23,7 @@ def add_generation_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sampler", default="low_confidence",
                    help="name[:k=v,...]: low_confidence, random, threshold, factor, slowfast, maskgit_plus, "
                         "topk_margin, entropy, origin")
-    p.add_argument("--cache", default="none", help="name[:k=v,...]: none, prefix, dual, dllm")
+    p.add_argument("--cache", default="none", help="name[:k=v,...]: none, prefix, dual, dllm, dpad, elastic")
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=None)
     p.add_argument("--top-k", type=int, default=None)

@@ -90,7 +90,7 @@ def test_cache_released_between_requests(llada):
     ("dllm:kr=0", "--cache dllm.kr must be >= 1, got 0"),
     ("dllm:select=query", r"--cache dllm.select must be one of \['key', 'random', 'value'\]"),
     ("dllm:metric=dot", r"--cache dllm.metric must be one of \['cosine', 'l2'\]"),
-    ("lru", r"--cache: unknown policy 'lru'; allowed: \[.*'dllm', 'dual', 'none', 'prefix'"),
+    ("lru", r"--cache: unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dpad', 'dual', 'elastic', 'none', 'prefix'\]"),
     ("prefix:every=-1", "--cache prefix.every must be >= 0"),
     ("dllm:kp=x", "--cache dllm.kp: cannot parse 'x' as int"),
 ])

@@ -7,10 +7,13 @@ from ..options import parse_spec
 from .base import Canvas, CachePolicy, CacheState, Counters
 from .canvas import CanvasCache
 from .dllm_cache import DLLMCache, LayerSchedule
+from .dpad import DPadCache
+from .elastic import ElasticCache
 from .fast_dllm import DualCache, PrefixCache
 from .host import HostPart, HostPlan, HostRequest, HostStep
 
-CACHES: dict[str, type[CachePolicy]] = {c.name: c for c in (CachePolicy, PrefixCache, DualCache, DLLMCache, CanvasCache)}
+CACHES: dict[str, type[CachePolicy]] = {c.name: c for c in (CachePolicy, PrefixCache, DualCache, DLLMCache, CanvasCache,
+                                                             DPadCache, ElasticCache)}
 
 
 def registry(spec: str, option: str = "--cache") -> dict[str, type[CachePolicy]]:
@@ -29,7 +32,8 @@ def registry(spec: str, option: str = "--cache") -> dict[str, type[CachePolicy]]
 
 
 def make_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolicy:
-    """``name[:key=value,...]`` -> a cache policy (none, prefix, dual, dllm, canvas, or ``module.Class``)."""
+    """``name[:key=value,...]`` -> a cache policy (none, prefix, dual, dllm, canvas, dpad, elastic, or
+    ``module.Class``)."""
     return spec if isinstance(spec, CachePolicy) else parse_spec(spec, registry(spec, option), option)
 
 
@@ -37,11 +41,13 @@ def host_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolic
     """The policy a paged host engine runs for a cache option: a policy that refreshes the prefix (Fast-dLLM's
     ``prefix`` / ``dual``, dLLM-Cache's ``dllm``, any ``LayerSchedule``) as it is (the prefix K/V live in the
     host's paged cache, recomputed in place at its refreshes), ``none`` / ``canvas:..`` as the block-canvas
-    policy."""
+    policy. A policy the host contract cannot express (``host_gap``: DPad, Elastic-Cache) is refused with why."""
     pol = make_cache(spec, option)
+    if pol.host_gap:
+        raise ValueError(f"{option}: {pol.name} runs in the embedded engine only ({pol.host_gap})")
     return pol if pol.refreshes_prefix else CanvasCache.from_spec(pol, option)
 
 
-__all__ = ["CACHES", "CachePolicy", "CacheState", "Canvas", "CanvasCache", "Counters", "DLLMCache", "DualCache",
-           "HostPart", "HostPlan", "HostRequest", "HostStep", "LayerSchedule", "PrefixCache", "host_cache",
-           "make_cache", "registry"]
+__all__ = ["CACHES", "CachePolicy", "CacheState", "Canvas", "CanvasCache", "Counters", "DLLMCache", "DPadCache",
+           "DualCache", "ElasticCache", "HostPart", "HostPlan", "HostRequest", "HostStep", "LayerSchedule",
+           "PrefixCache", "host_cache", "make_cache", "registry"]

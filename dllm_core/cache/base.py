@@ -110,6 +110,7 @@ class CachePolicy:
     refreshes_prefix: ClassVar[bool] = False
     picks: ClassVar[bool] = False  # V-verify picks rows by their features (tensor-parallel ranks would differ)
     spans_response: ClassVar[bool] = False  # a host's features span the whole response (not only the canvas)
+    host_gap: ClassVar[str | None] = None  # what the host contract lacks for this policy (None: the hosts serve it)
 
     @property
     def stores_features(self) -> bool:

@@ -133,8 +133,11 @@ def block_host_policy(value, where: str) -> CachePolicy:
     dLLM-Cache's options); errors name ``where`` and the allowed values."""
     spec = check_value(value, "str", where)
     name, _, rest = (s.strip() for s in spec.partition(":"))
-    found = {n: c for n, c in registry(spec, where).items() if c.refreshes_prefix or n in BLOCK_CANVAS}
+    every = registry(spec, where)
+    found = {n: c for n, c in every.items() if (c.refreshes_prefix or n in BLOCK_CANVAS) and not c.host_gap}
     if name not in found:
+        if name in every and every[name].host_gap:
+            raise ValueError(f"{where}: {name} runs in the embedded engine only ({every[name].host_gap})")
         raise ValueError(f"{where}: unknown policy {name!r}; allowed: {sorted(found)}")
     cls = CanvasCache if name in BLOCK_CANVAS else found[name]
     keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
