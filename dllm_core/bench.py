@@ -91,25 +91,27 @@ def check_specs(samplers: list[str], caches: list[str], repeat: int = 1, batch_s
 
 def run_grid(model, tok, workloads: list[Workload], samplers: list[str], caches: list[str], batch_size: int = 8,
              repeat: int = 1, progress: bool = True) -> list[dict]:
-    """Decode every workload with every pair (timed runs: median of ``repeat``); one summary row per
-    pair, the vanilla pair first, ratios against it."""
+    """Decode every workload with every pair; one summary row per pair, the vanilla pair first, ratios against it.
+    ``repeat`` rounds in ABBA order (every pair on a workload back to back, the order reversed every other round
+    and workload), so a machine's load drifting during the run hits every pair alike; each pair's time is its
+    median over the rounds."""
     from .progress import progress as progress_bar
     from .tasks.evaluate import generate_batched
 
     check_specs(samplers, caches, repeat, batch_size)
     for wl in workloads:  # warm-up (allocator, kernels)
         generate_batched(model, wl.prompts[:batch_size], wl.cfg, batch_size)
-    pairs, results = combos(samplers, caches), {}
-    bar = progress_bar(total=len(pairs) * len(workloads), desc="bench", disable=not progress)
-    for s, c in pairs:
-        for wl in workloads:
-            bar.set_postfix_str(f"{s} + {c} on {wl.name}")
-            cfg = replace(wl.cfg, sampler=s, cache=c)
-            runs = sorted((generate_batched(model, wl.prompts, cfg, batch_size) for _ in range(repeat)),
-                          key=lambda r: r.seconds)
-            results[s, c, wl.name] = runs[len(runs) // 2]
-            bar.update()
+    pairs, runs = combos(samplers, caches), {}
+    bar = progress_bar(total=repeat * len(pairs) * len(workloads), desc="bench", disable=not progress)
+    for r in range(repeat):
+        for j, wl in enumerate(workloads):
+            for s, c in (pairs if (r + j) % 2 == 0 else pairs[::-1]):
+                bar.set_postfix_str(f"{s} + {c} on {wl.name}")
+                res = generate_batched(model, wl.prompts, replace(wl.cfg, sampler=s, cache=c), batch_size)
+                runs.setdefault((s, c, wl.name), []).append(res)
+                bar.update()
     bar.close()
+    results = {key: sorted(rs, key=lambda x: x.seconds)[len(rs) // 2] for key, rs in runs.items()}
     return [summarize(model, tok, workloads, results, s, c, batch_size) for s, c in pairs]
 
 
@@ -264,7 +266,7 @@ def add_parser(sub) -> None:
     b.add_argument("--n", type=int, default=None, help=f"test examples per task (default {FULL_N}; "
                                                         f"--quick: {QUICK['n']})")
     b.add_argument("--batch-size", type=int, default=8)
-    b.add_argument("--repeat", type=int, default=1, help="timed repetitions per pair (median)")
+    b.add_argument("--repeat", type=int, default=1, help="timed rounds, in ABBA order (each pair's median)")
     b.add_argument("--quick", action="store_true", help="few examples, short retrieval prompts (CI smoke run)")
     b.add_argument("--out", default="bench-out", help="directory for bench.md / bench.json / bench.png")
     b.add_argument("--seed", type=int, default=0)
