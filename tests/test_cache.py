@@ -7,7 +7,8 @@ from dllm_core.cache import Canvas
 from conftest import PROMPTS
 
 CFG = GenerationConfig(gen_length=16, block_length=8, steps=8)
-EXACT = ["prefix:every=1", "dual:every=1", "dllm:kp=1,kr=1", "dllm:kp=1,kr=1,first_layer=false"]
+EXACT = ["prefix:every=1", "dual:every=1", "dllm:kp=1,kr=1", "dllm:kp=1,kr=1,first_layer=false",
+         "dllm:kp=1,kr=1,unit=tokens"]
 SAMPLERS = ["low_confidence", "threshold:tau=0.6", "factor", "slowfast", "entropy"]
 
 
@@ -56,6 +57,24 @@ def test_dllm_cache_schedule_counts(model):
     assert c.token_layers == (T + 2 * P) * L  # steps 3 and 6 refresh the prompt only
 
 
+def test_dllm_cache_counting_tokens(model):
+    """``unit=tokens``: the prompt / response refresh once ``kp`` / ``kr`` tokens changed since their last refresh.
+    One token per step (the vanilla schedule): the step schedule, token for token and in work. A parallel sampler
+    (threshold, 1-8 tokens per step here): less work per forward than refreshing at every step. (Batched rows share the embedded
+    state's forwards, as with ``unit=steps``; the hosts reproduce a request's run alone: test_sglang_dllm_cache.)"""
+    one = GenerationConfig(gen_length=16, block_length=8, steps=16)
+    by_steps = generate(model, PROMPTS, one, cache="dllm:kp=3,kr=2,rho=0.25")
+    by_tokens = generate(model, PROMPTS, one, cache="dllm:kp=3,kr=2,rho=0.25,unit=tokens")
+    assert by_tokens.tokens.tolist() == by_steps.tokens.tolist()
+    assert by_tokens.counters.token_layers == by_steps.counters.token_layers
+    cfg = GenerationConfig(gen_length=16, block_length=8, steps=16, sampler="threshold:tau=0.9")
+    for p in PROMPTS:
+        every = generate(model, [p], cfg, cache="dllm:kp=1,kr=1,rho=0.25,unit=tokens").counters
+        some = generate(model, [p], cfg, cache="dllm:kp=6,kr=3,rho=0.25,unit=tokens").counters
+        assert every.forwards > 2 and every.token_layers == every.full_token_layers
+        assert some.token_layers < 0.9 * some.full_token_layers
+
+
 def test_dllm_adaptive_rho_one_equals_response_refresh(model):
     """rho=1 recomputes every response token against the cached prompt: the same as refreshing the
     response at every step (kr=1), whatever the selection rule."""
@@ -93,6 +112,7 @@ def test_cache_released_between_requests(llada):
     ("lru", r"--cache: unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dpad', 'dual', 'elastic', 'none', 'prefix'\]"),
     ("prefix:every=-1", "--cache prefix.every must be >= 0"),
     ("dllm:kp=x", "--cache dllm.kp: cannot parse 'x' as int"),
+    ("dllm:unit=forwards", r"--cache dllm.unit must be one of \['steps', 'tokens'\], got 'forwards'"),
 ])
 def test_bad_parameters(spec, match):
     with pytest.raises(ValueError, match=match):

@@ -22,7 +22,7 @@ from .executor import CachedRows, Features, FeatureReuse, cached_layer
 from .host import HostPart, HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..models.layers import BlockOps
-from ..options import check_min
+from ..options import check_choice, check_min
 
 
 class ScheduleState(CacheState):
@@ -38,6 +38,8 @@ class ScheduleState(CacheState):
         self.step, self.block_step, self.block = 0, 0, None  # the generation's steps, the block's, its index
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
         self.runs: dict[tuple, GraphRunner] = {}  # per-layer plan pattern -> forward
+        self.since = [[0, 0] for _ in range(B)]  # per row: tokens changed since the prompt's / response's refresh
+        self.seen: torch.Tensor | None = None  # [B, T] the tokens of the previous step (policies counting tokens)
         self.counters.cache_bytes = nbytes([f.tensors() for f in self.feats])
 
     def hidden(self, x, need, fresh, active=None):
@@ -46,8 +48,19 @@ class ScheduleState(CacheState):
             self.block, self.block_step = self.canvas.block, 0
         c = pol.counter(self.step, self.block_step)
         self.step, self.block_step = self.step + 1, self.block_step + 1
-        plans = tuple(pol.layer_plan(c, i) for i in range(self.model.args.n_layers))
-        self._tally(plans)
+        n = self.model.args.n_layers
+        if pol.counts_tokens:  # each row's own plan from the tokens its previous steps changed
+            changed = [0] * x.shape[0] if self.seen is None else (x != self.seen).sum(-1).tolist()
+            self.seen = x.clone()
+            dues = [pol.tick(c, since, k) for since, k in zip(self.since, changed)]
+            rows = [tuple(pol.layer_plan(c, i, due) for i in range(n)) for due in dues]
+            if any(r != rows[0] for r in rows):
+                self._tally(rows)
+                return self._forward_rows(x, rows)[:, need[0]:need[1]]
+            plans = rows[0]
+        else:
+            plans = tuple(pol.layer_plan(c, i) for i in range(n))
+        self._tally([plans])
         graphs = self.use_graphs and pol.select != "random"
         if plans not in self.runs:
             self.runs[plans] = GraphRunner(lambda ids: self._forward(ids, plans), graphs)
@@ -59,13 +72,15 @@ class ScheduleState(CacheState):
         pf, rf, verify = plan
         return P * pf + (T - P) * rf + (self.policy.n_update(T - P) if verify else 0)
 
-    def _tally(self, plans) -> None:
-        P, T = self.canvas.prompt_len, self.canvas.seq_len
+    def _tally(self, rows: list[tuple]) -> None:
+        """Count one forward whose rows ran these plans (one per row, or one for the whole batch): per row."""
+        P, T, L = self.canvas.prompt_len, self.canvas.seq_len, len(rows[0])
+        verified = self.policy.n_update(T - P) and self.policy.select != "random"
         c = self.counters
         c.forwards += 1
-        c.full_token_layers += T * len(plans)
-        c.token_layers += sum(self._count(p) for p in plans)
-        c.v_only += sum(T - P for p in plans if p[2] and self.policy.n_update(T - P) and self.policy.select != "random")
+        c.full_token_layers += T * L
+        c.token_layers += round(sum(self._count(p) for plans in rows for p in plans) / len(rows))
+        c.v_only += round(sum(T - P for plans in rows for p in plans if p[2] and verified) / len(rows))
 
     def _forward(self, ids, plans):
         """ids [B, T] -> hidden [B, T, d], each layer run by its plan through the executor."""
@@ -79,6 +94,19 @@ class ScheduleState(CacheState):
             n = self._count(plan)
             ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
             h = cached_layer(ops, h, pos, [g], self.gen, count=B * n)
+        return h.view(B, T, -1)
+
+    def _forward_rows(self, ids, rows: list[tuple]):
+        """ids [B, T] -> hidden [B, T, d] with a plan per row (``rows[b]``: per layer (prompt, response, verify))."""
+        m, cv = self.model, self.canvas
+        (B, T), P = ids.shape, cv.prompt_len
+        h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()
+        for i, (layer, feats) in enumerate(zip(m.layers, self.feats)):
+            rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
+            for b, plan in enumerate(rows):
+                rec[b, :P], rec[b, P:] = plan[i][0], plan[i][1]
+            g = CachedRows(self.rows, feats, rec, [plan[i][2] for plan in rows], self.policy, (P, T), dense=True)
+            h = cached_layer(BlockOps(layer, m.rotary, B, cv.mask), h, pos, [g], self.gen)
         return h.view(B, T, -1)
 
 
@@ -106,19 +134,40 @@ class LayerSchedule(FeatureReuse, CachePolicy):
         every layer must be recomputed): (every position of the part recomputed, the response's V-verify runs)."""
         raise NotImplementedError
 
-    def layer_plan(self, c: int, layer: int) -> tuple[bool, bool, bool]:
-        """(prompt recomputed, response recomputed, response V-verified) of ``layer`` at step ``c``."""
-        (pf, _), (rf, verify) = self.recomputes(c, layer, True), self.recomputes(c, layer, False)
+    counts_tokens: ClassVar[bool] = False  # refreshes tied to the tokens a row's steps changed (``due``)
+
+    def layer_plan(self, c: int, layer: int, due: tuple[bool, bool] | None = None) -> tuple[bool, bool, bool]:
+        """(prompt recomputed, response recomputed, response V-verified) of ``layer`` at step ``c`` (``due``: the
+        parts a schedule that counts tokens refreshes at this step)."""
+        (pf, _), (rf, verify) = self._recomputes(c, layer, True, due), self._recomputes(c, layer, False, due)
         return pf, rf, verify and not rf
+
+    def _recomputes(self, c: int, layer: int, prompt: bool, due) -> tuple[bool, bool]:
+        return self.recomputes(c, layer, prompt) if due is None else self.recomputes(c, layer, prompt, due)
+
+    def due(self, c: int, since: list[int]) -> tuple[bool, bool] | None:
+        """A schedule that counts tokens: whether the prompt / the response are refreshed at step ``c``, from the
+        tokens changed since each one's last refresh (``since``); None: the step counter alone decides."""
+        return None
+
+    def tick(self, c: int, since: list[int], changed: int) -> tuple[bool, bool] | None:
+        """A row's step ``c`` after its previous step changed ``changed`` tokens: ``due`` of the step; ``since``
+        (the row's counts, [prompt, response], updated in place) restarts from 0 for a refreshed part."""
+        since[:] = [a + changed for a in since]
+        due = self.due(c, since)
+        if due is not None:
+            since[:] = [0 if d else a for d, a in zip(due, since)]
+        return due
 
     def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
         """A host request's step: every position runs, in two parts - the generation's prompt and its response
         (emitted tokens and the canvas) - each recomputed per layer as ``recomputes`` says at the request's
-        own step counter."""
+        own step counter (and, for a schedule that counts tokens, the tokens its steps changed)."""
         c, P = self.counter(req.steps, req.block_steps), step.prompt
-        return HostPlan(0, [HostPart("prompt", 0, P, schedule=lambda layer: self.recomputes(c, layer, True)),
+        due = self.tick(c, req.since, req.changed) if self.counts_tokens else None
+        return HostPlan(0, [HostPart("prompt", 0, P, schedule=lambda layer: self._recomputes(c, layer, True, due)),
                             HostPart("response", P, step.end, reuse=req.reuse(self),
-                                     schedule=lambda layer: self.recomputes(c, layer, False))])
+                                     schedule=lambda layer: self._recomputes(c, layer, False, due))])
 
 
 @dataclass(frozen=True)
@@ -131,18 +180,33 @@ class DLLMCache(LayerSchedule):
     name: ClassVar[str] = "dllm"
     kp: int = 50
     kr: int = 7
+    unit: str = "steps"
 
     def __post_init__(self):
         for n in ("kp", "kr"):
             check_min(getattr(self, n), 1, f"--cache dllm.{n}")
+        check_choice(self.unit, ("steps", "tokens"), "--cache dllm.unit")
         self.check_reuse("--cache dllm")
 
-    def recomputes(self, c: int, layer: int, prompt: bool) -> tuple[bool, bool]:
-        m = self.mode(c, layer)
+    @property
+    def counts_tokens(self) -> bool:
+        return self.unit == "tokens"
+
+    def due(self, c: int, since: list[int]) -> tuple[bool, bool] | None:
+        """``unit=tokens``: the prompt is refreshed once ``kp`` tokens changed since its last refresh, the response
+        once ``kr`` did (a parallel sampler's step commits many: its features do not go stale over them)."""
+        if not self.counts_tokens:
+            return None
+        return c == 0 or since[0] >= self.kp, c == 0 or since[1] >= self.kr
+
+    def recomputes(self, c: int, layer: int, prompt: bool, due=None) -> tuple[bool, bool]:
+        m = self.mode(c, layer, due)
         return (m in ("full", "prompt"), False) if prompt else (m in ("full", "response"), m == "adaptive")
 
-    def mode(self, c: int, layer: int) -> str:
-        """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive."""
-        if c == 0 or (self.first_layer and layer == 0) or (c % self.kp == 0 and c % self.kr == 0):
+    def mode(self, c: int, layer: int, due: tuple[bool, bool] | None = None) -> str:
+        """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive (``due``: the parts
+        refreshed at this step, by tokens; default: by steps, every ``kp`` / ``kr``)."""
+        p, r = due if due is not None else (c % self.kp == 0, c % self.kr == 0)
+        if c == 0 or (self.first_layer and layer == 0) or (p and r):
             return "full"
-        return "prompt" if c % self.kp == 0 else "response" if c % self.kr == 0 else "adaptive"
+        return "prompt" if p else "response" if r else "adaptive"

@@ -133,6 +133,8 @@ class HostRequest:
     canvas_steps: int = 0   # ... of the canvas
     gen_prompt: int = 0     # the generation's prompt part
     canvases: int = 0
+    changed: int = 0        # tokens the request's last step changed (``ResponseSlots.take``)
+    since: list[int] = field(default_factory=lambda: [0, 0])  # tokens changed since the prompt's / response's refresh
     _reuse: object = field(default=None, repr=False, compare=False)
 
     def reuse(self, policy):

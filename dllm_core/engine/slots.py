@@ -269,7 +269,7 @@ class ResponseSlots:
             lg = logits if pos is None else logits[torch.as_tensor(pos, device=logits.device)]
             x, done = denoise_step(c.sampler, st, lg, x0, tc, self._window(s, c), check=False)
             ss.scatter(idx, st, key)
-            read += [done, (x != x0).any(-1)]  # before the write: x0 may be a view of the canvas
+            read += [done, (x != x0).sum(-1)]  # before the write: x0 may be a view of the canvas
             self._write(rows, cols, x)
             bad = stuck(c.sampler, st, lambda: x == self.mask_id)
             read += [*(c.sampler.focus(st) if c.sampler.moves_focus else ()), *(() if bad is None else (bad,))]
@@ -279,7 +279,11 @@ class ResponseSlots:
         at = 0
         for pos, s, c, checked in parts:
             k = len(s)
-            done, self.changed[s] = flat[at:at + k] != 0, flat[at + k:at + 2 * k] != 0
+            done, changed = flat[at:at + k] != 0, flat[at + k:at + 2 * k]
+            self.changed[s] = changed != 0
+            for h, n in zip((self.host[x] for x in s.tolist()), changed.tolist()):
+                if h is not None:
+                    h.changed = n
             at += 2 * k
             if c.sampler.moves_focus:
                 self.focus[s, 0], self.focus[s, 1] = flat[at:at + k], flat[at + k:at + 2 * k]
