@@ -13,10 +13,10 @@ speedup its forwards and work predict (vanilla forwards / (its forwards x its wo
 
 ``--long 256`` / ``--long 512`` run the long-answer tasks (``tasks.LONG_TASKS``, one-line prompts) on the
 shipped long-answer model, blocks of 32; with ``--few-shot`` after worked examples, prompts of about the length
-of GSM8K 5-shot as the papers use (``tasks.LONG_FEW_SHOT``; the shipped model is still learning them). ``bench.md`` also holds the profile of every pair: the
-speedup split into fewer forwards (NFE) and cheaper forwards (cost per forward against the vanilla
-loop's), and the vanilla loop's forward against a bare model forward of the same shape (what the
-engine adds per step)."""
+of GSM8K 5-shot as the papers use (``tasks.LONG_FEW_SHOT``; the shipped model solves those at 256). ``bench.md``
+also holds the profile of every pair: the speedup split into fewer forwards (NFE) and cheaper forwards (cost per
+forward against the vanilla loop's), and the vanilla loop's forward against a bare model forward of the same shape
+(what the engine adds per step)."""
 from __future__ import annotations
 
 import json
