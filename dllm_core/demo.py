@@ -2,7 +2,8 @@
 shows a few generations on test-split prompts and the quick ``dllm bench`` table: accuracy per task,
 NFE per token, speed and agreement relative to the vanilla loop for every sampler x cache policy, all
 measured in one run. With the shipped long-answer model (``models/llada-long``) it then solves the
-long-answer tasks (a 256-token canvas, blocks of 32) and retrieval (a value looked up in a 1,000-token prompt)
+long-answer tasks (a 256-token canvas, blocks of 32; the count after worked examples, as the papers prompt) and
+retrieval (a value looked up in a 1,000-token prompt)
 and measures the papers' pairs there; with the shipped
 LLaDA2 task model (``models/llada2-tasks``) it shows the block-causal MoE and its exact caches. Without a
 trained model (or with ``--random``) it builds tiny random LLaDA and
@@ -21,7 +22,10 @@ SHORT_NOTE = ("Short answers (a few dozen tokens) on a tiny model: a cache's boo
 PROMPTS = ["What is 12 plus 30?", "Sort the list: 5 3 9 1", "Hello world!"]
 SHOW = 2  # generations shown per task
 TASKS = "arithmetic;sort"  # the main part (models/llada-tasks); retrieval is the long part's (models/llada-long)
-LONG = {"canvas": 256, "n": 2, "extra": "retrieval", "samplers": "threshold:tau=0.9;slowfast", "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
+# the long part (models/llada-long): a 256-token count after 3 worked examples (about 800 prompt tokens, the papers'
+# few-shot shape), a one-line progression, and retrieval in a 1,000-token prompt
+LONG = {"tasks": "count:span=48,shots=3;progression:days=20;retrieval", "n": 2, "samplers": "threshold:tau=0.9;slowfast",
+        "caches": "none;dual;dllm:kp=50,kr=7,rho=0.25"}
 LLADA2_MODEL = Path(__file__).resolve().parents[1] / "models" / "llada2-tasks"
 LLADA2 = {"n": 4, "samplers": "low_confidence;threshold:tau=0.9;slowfast", "caches": "none;prefix;dllm:kr=2"}
 
@@ -100,12 +104,10 @@ def cmd_demo(a) -> int:
         if a.model is None:
             print(SHORT_NOTE)
         if a.model is None and not a.no_long and (LONG_MODEL / "config.json").is_file():
-            from .tasks import LONG_TASKS
-
             print()
-            task_demo(a, LONG_MODEL, f"{LONG_TASKS[LONG['canvas']]};{LONG['extra']}", LONG["n"], LONG["samplers"],
-                      LONG["caches"], f"long answers ({LONG['canvas']}-token canvas, blocks of 32) and retrieval "
-                                      f"in a 1,000-token prompt: ")
+            task_demo(a, LONG_MODEL, LONG["tasks"], LONG["n"], LONG["samplers"], LONG["caches"],
+                      "long answers (256-token canvas, blocks of 32; the count after 3 worked examples) and retrieval "
+                      "in a 1,000-token prompt: ")
         if a.model is None and not a.no_llada2 and (LLADA2_MODEL / "config.json").is_file():
             print()
             task_demo(a, LLADA2_MODEL, TASKS, LLADA2["n"],
