@@ -195,7 +195,7 @@ BAD = [("FastDllmThreshold", "cache: triple",
        ("DllmCore", "cache: 'dllm:kp=0'", r"DllmCore\.cache\.kp must be >= 1, got 0"),
        ("DllmCore", "cache: 'dllm:graphs=false'",
         r"DllmCore\.cache: dllm has no option 'graphs'; allowed: \['first_layer', 'kp', 'kr', 'metric', 'per_block', "
-        r"'rho', 'seed', 'select'\]"),
+        r"'rho', 'seed', 'select', 'unit'\]"),
        ("SlowFast", "cache: 'dual:every=-1'", r"SlowFast\.cache\.every must be >= 0 \(0 = refresh only per block\), "
                                               r"got -1"),
        ("SlowFast", "cache: 'prefix:every=x'", r"SlowFast\.cache prefix\.every: cannot parse 'x' as int"),

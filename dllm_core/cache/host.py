@@ -133,7 +133,7 @@ class HostRequest:
     canvas_steps: int = 0   # ... of the canvas
     gen_prompt: int = 0     # the generation's prompt part
     canvases: int = 0
-    changed: int = 0        # tokens the request's last step changed (``ResponseSlots.take``)
+    changed: int = 0        # tokens the request's last step changed (``plan``'s ``changed``)
     since: list[int] = field(default_factory=lambda: [0, 0])  # tokens changed since the prompt's / response's refresh
     _reuse: object = field(default=None, repr=False, compare=False)
 
@@ -155,8 +155,11 @@ class HostRequest:
     def begin_block(self) -> None:
         self.block_steps = 0
 
-    def plan(self, start: int, focus: tuple[int, int], shift: int, prefix: int, width: int) -> HostPlan:
-        """The policy's plan of this request's next denoise step (the counters then move on)."""
+    def plan(self, start: int, focus: tuple[int, int], shift: int, prefix: int, width: int,
+             changed: int = 0) -> HostPlan:
+        """The policy's plan of this request's next denoise step, ``changed``: tokens its previous step changed (the
+        counters then move on)."""
+        self.changed = changed
         plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt))
         self.steps, self.block_steps, self.canvas_steps = self.steps + 1, self.block_steps + 1, self.canvas_steps + 1
         return plan

@@ -70,7 +70,7 @@ class ResponseSlots:
         self.n_blocks = np.ones(n_slots, dtype=np.int64)
         self.new = np.zeros(n_slots, dtype=bool)            # the block begins at the next step
         self.focus = np.zeros((n_slots, 2), dtype=np.int64)  # the sampler's window of the next step, in the block
-        self.changed = np.zeros(n_slots, dtype=bool)  # the last step changed the block's tokens
+        self.changed = np.zeros(n_slots, dtype=np.int64)  # tokens of the block the last step changed (0: none)
         self.block_len = np.ones(n_slots, dtype=np.int64)  # each slot's block length
         self.group = np.full(n_slots, -1, dtype=np.int64)  # each slot's config, as an index into ``configs``
         self.configs: list[SlotConfig] = []
@@ -242,9 +242,9 @@ class ResponseSlots:
         """Each row's ``HostPlan`` of this step (its canvas: positions [prefix, prefix + width) of the sequence),
         from its block and the sampler's focus; the policies' step counters move on."""
         start = np.asarray(prefix) + self.block_columns(slots)
-        return [self.host[s].plan(a, (lo, hi), shift, p, w) for s, a, (lo, hi), p, w in
+        return [self.host[s].plan(a, (lo, hi), shift, p, w, n) for s, a, (lo, hi), p, w, n in
                 zip(slots.tolist(), start.tolist(), self.focus[slots].tolist(), np.broadcast_to(prefix, slots.shape)
-                    .tolist(), np.broadcast_to(width, slots.shape).tolist())]
+                    .tolist(), np.broadcast_to(width, slots.shape).tolist(), self.changed[slots].tolist())]
 
     def block_columns(self, slots: np.ndarray) -> np.ndarray:
         """The canvas column where each row's block begins: [m]."""
@@ -252,7 +252,7 @@ class ResponseSlots:
 
     def take(self, slots: np.ndarray, logits: torch.Tensor, valid: np.ndarray | None = None) -> np.ndarray:
         """One denoise step of each row's block: ``logits`` [m, Lb, V] (row i: slot ``slots[i]``'s block);
-        commits written into the canvas (``changed``: whether the step changed the block); finished blocks move
+        commits written into the canvas (``changed``: the block's tokens the step changed); finished blocks move
         on. -> [m] bool: the row's canvas is decoded.
         ``valid``: canvas columns that exist (positions past it are padding, never decoded). One device read."""
         read, parts, batch = [], [], tuple(slots.tolist())
@@ -279,11 +279,7 @@ class ResponseSlots:
         at = 0
         for pos, s, c, checked in parts:
             k = len(s)
-            done, changed = flat[at:at + k] != 0, flat[at + k:at + 2 * k]
-            self.changed[s] = changed != 0
-            for h, n in zip((self.host[x] for x in s.tolist()), changed.tolist()):
-                if h is not None:
-                    h.changed = n
+            done, self.changed[s] = flat[at:at + k] != 0, flat[at + k:at + 2 * k]
             at += 2 * k
             if c.sampler.moves_focus:
                 self.focus[s, 0], self.focus[s, 1] = flat[at:at + k], flat[at + k:at + 2 * k]
