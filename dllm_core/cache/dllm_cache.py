@@ -56,14 +56,14 @@ class ScheduleState(CacheState):
             rows = [tuple(pol.layer_plan(c, i, due) for i in range(n)) for due in dues]
             if any(r != rows[0] for r in rows):
                 self._tally(rows)
-                return self._forward_rows(x, rows)[:, need[0]:need[1]]
+                return self._forward(x, rows)[:, need[0]:need[1]]
             plans = rows[0]
         else:
             plans = tuple(pol.layer_plan(c, i) for i in range(n))
         self._tally([plans])
         graphs = self.use_graphs and pol.select != "random"
         if plans not in self.runs:
-            self.runs[plans] = GraphRunner(lambda ids: self._forward(ids, plans), graphs)
+            self.runs[plans] = GraphRunner(lambda ids: self._forward(ids, [plans]), graphs)
         return self.runs[plans](x)[:, need[0]:need[1]]
 
     def _count(self, plan: tuple[bool, bool, bool]) -> int:
@@ -82,31 +82,23 @@ class ScheduleState(CacheState):
         c.token_layers += round(sum(self._count(p) for plans in rows for p in plans) / len(rows))
         c.v_only += round(sum(T - P for plans in rows for p in plans if p[2] and verified) / len(rows))
 
-    def _forward(self, ids, plans):
-        """ids [B, T] -> hidden [B, T, d], each layer run by its plan through the executor."""
+    def _forward(self, ids, rows: list[tuple]):
+        """ids [B, T] -> hidden [B, T, d], each layer run through the executor by ``rows``: one plan for every row
+        ([plans]: fixed shapes, graph-capturable) or a plan per row (``rows[b]``: per layer (prompt, response,
+        verify))."""
         m, cv = self.model, self.canvas
         (B, T), P = ids.shape, cv.prompt_len
         h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]
-        for layer, feats, plan in zip(m.layers, self.feats, plans):
-            rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
-            rec[:, :P], rec[:, P:] = plan[0], plan[1]
-            g = CachedRows(self.rows, feats, rec, [plan[2]] * B, self.policy, (P, T), dense=True)
-            n = self._count(plan)
-            ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
-            h = cached_layer(ops, h, pos, [g], self.gen, count=B * n)
-        return h.view(B, T, -1)
-
-    def _forward_rows(self, ids, rows: list[tuple]):
-        """ids [B, T] -> hidden [B, T, d] with a plan per row (``rows[b]``: per layer (prompt, response, verify))."""
-        m, cv = self.model, self.canvas
-        (B, T), P = ids.shape, cv.prompt_len
-        h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()
+        rows = rows * B if len(rows) == 1 else rows
+        shared = all(r is rows[0] for r in rows)
         for i, (layer, feats) in enumerate(zip(m.layers, self.feats)):
             rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
-            for b, plan in enumerate(rows):
+            for b, plan in ([(slice(None), rows[0])] if shared else enumerate(rows)):
                 rec[b, :P], rec[b, P:] = plan[i][0], plan[i][1]
             g = CachedRows(self.rows, feats, rec, [plan[i][2] for plan in rows], self.policy, (P, T), dense=True)
-            h = cached_layer(BlockOps(layer, m.rotary, B, cv.mask), h, pos, [g], self.gen)
+            n = self._count(rows[0][i]) if shared else None  # positions each row recomputes, when all agree
+            ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
+            h = cached_layer(ops, h, pos, [g], self.gen, count=None if n is None else B * n)
         return h.view(B, T, -1)
 
 
