@@ -19,16 +19,14 @@ def target_verify_sdpa(q, o, k_buf, v_buf, req_to_token, forward_batch, scaling:
     tree = getattr(forward_batch.spec_info, "custom_mask", None)
     if tree is not None:
         tree = tree.view(bs, n, n).bool()  # [bs, n, n]: tree[b, i, j] = j is i or an ancestor of i
-    elif causal:
-        chain = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-    else:
-        chain = torch.ones(n, n, dtype=torch.bool, device=q.device)
+    chain = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if causal and n > 1 else None  # else: all
     for b, (req, s) in enumerate(zip(forward_batch.req_pool_indices.tolist(), forward_batch.seq_lens.tolist())):
         slots = req_to_token[req, :s + n]
-        k, v = k_buf[slots].movedim(0, 1), v_buf[slots].movedim(0, 1)  # [Hkv, s + n, D]
-        rows = q[b * n:(b + 1) * n].movedim(0, 1)  # [H, n, D]
+        k, v = k_buf[slots].movedim(0, 1)[None], v_buf[slots].movedim(0, 1)[None]  # [1, Hkv, s + n, D]
+        rows = q[b * n:(b + 1) * n].movedim(0, 1)[None]  # [1, H, n, D]: batched, as the decode path calls SDPA
         new = tree[b] if tree is not None else chain
-        mask = torch.cat([torch.ones(n, s, dtype=torch.bool, device=q.device), new], dim=1)  # [n, s + n]
+        mask = None if new is None else torch.cat(  # [n, s + n]; None: every query sees every key (n = 1 too)
+            [torch.ones(n, s, dtype=torch.bool, device=q.device), new], dim=1)
         out = torch.nn.functional.scaled_dot_product_attention(
             rows, k.to(rows.dtype), v.to(rows.dtype), attn_mask=mask, scale=scaling, enable_gqa=gqa)
-        o[b * n:(b + 1) * n] = out.movedim(0, 1)
+        o[b * n:(b + 1) * n] = out[0].movedim(0, 1)
