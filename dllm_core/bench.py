@@ -11,9 +11,9 @@ engine's decoding time (tokenization and model loading excluded). The units (``d
 tokens per forward (per sequence), tokens/s, work fraction, and a pair's efficiency: its measured speedup over the
 speedup its forwards and work predict (vanilla forwards / (its forwards x its work fraction)).
 
-``--long 256`` / ``--long 512`` run the long-answer tasks (``tasks.LONG_TASKS``, one-line prompts) on the
-shipped long-answer model, blocks of 32; with ``--few-shot`` after worked examples, prompts of about the length
-of GSM8K 5-shot as the papers use (``tasks.LONG_FEW_SHOT``; the shipped model solves those at 256). ``bench.md``
+``--long 256`` / ``--long 512`` run the long-answer tasks on the shipped long-answer model, blocks of 32, the
+questions after worked examples: prompts of about the length of GSM8K 5-shot as the papers use
+(``tasks.LONG_FEW_SHOT``); ``--one-line`` asks them alone (``tasks.LONG_TASKS``). ``bench.md``
 also holds the profile of every pair: the speedup split into fewer forwards (NFE) and cheaper forwards (cost per
 forward against the vanilla loop's), and the vanilla loop's forward against a bare model forward of the same shape
 (what the engine adds per step)."""
@@ -259,8 +259,8 @@ def add_parser(sub) -> None:
                                                   f"of canvas N)")
     b.add_argument("--long", type=int, default=None, help=f"one of {sorted(LONG_TASKS)}: the long-answer tasks on "
                                                           f"that canvas (blocks of 32), the papers' settings")
-    b.add_argument("--few-shot", action="store_true", help="with --long: the questions after worked examples, "
-                                                           "prompts of about GSM8K 5-shot's length")
+    b.add_argument("--one-line", action="store_true", help="with --long: the questions alone (default: after "
+                                                           "worked examples, prompts of about GSM8K 5-shot's length)")
     b.add_argument("--samplers", default=DEFAULT_SAMPLERS, help="';'-separated sampler specs")
     b.add_argument("--caches", default=DEFAULT_CACHES, help="';'-separated cache specs")
     b.add_argument("--n", type=int, default=None, help=f"test examples per task (default {FULL_N}; "
@@ -296,9 +296,9 @@ def cmd_bench(a) -> int:
 
     if a.long is not None and a.long not in LONG_TASKS:
         raise ValueError(f"--long must be one of {sorted(LONG_TASKS)}, got {a.long}")
-    if a.few_shot and a.long is None:
-        raise ValueError("--few-shot goes with --long 256 or --long 512")
-    long = (LONG_FEW_SHOT if a.few_shot else LONG_TASKS).get(a.long)
+    if a.one_line and a.long is None:
+        raise ValueError("--one-line goes with --long 256 or --long 512")
+    long = (LONG_TASKS if a.one_line else LONG_FEW_SHOT).get(a.long)
     default = long if a.long else QUICK["tasks"] if a.quick else DEFAULT_TASKS
     tasks = parse_tasks(a.tasks or default)
     a.model = a.model or str(LONG_MODEL if a.long else DEFAULT_MODEL)

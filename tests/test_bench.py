@@ -80,9 +80,9 @@ def test_bad_spec_is_a_clear_error(tmp_path):
     p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--long", "300", "--out", str(tmp_path)],
                        capture_output=True, text=True)
     assert p.returncode == 2 and "--long must be one of [256, 512], got 300" in p.stderr
-    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--few-shot", "--out", str(tmp_path)],
+    p = subprocess.run([sys.executable, "-m", "dllm_core.cli", "bench", "--one-line", "--out", str(tmp_path)],
                        capture_output=True, text=True)
-    assert p.returncode == 2 and "--few-shot goes with --long 256 or --long 512" in p.stderr
+    assert p.returncode == 2 and "--one-line goes with --long 256 or --long 512" in p.stderr
 
 
 def test_progress_outside_a_terminal_writes_plain_timed_lines():
