@@ -47,25 +47,44 @@ class AsyncAdaptiveDraftScheduler(AdaptiveDrafts, AsyncScheduler):
     pass
 
 
+def _patched(cls, name: str, wrap) -> None:
+    """Replace ``cls.name`` by ``wrap(original)`` once per process."""
+    if not getattr(cls, "_dllm_patched_" + name, False):
+        setattr(cls, name, wrap(getattr(cls, name)))
+        setattr(cls, "_dllm_patched_" + name, True)
+
+
 def patch_dflash() -> None:
-    """vLLM's DFlash drafter skips its query forward for a step that drafts nothing (eager steps; the context K/V
-    of the step's tokens are still stored). ``patches/vllm/README.md``."""
+    """vLLM's DFlash drafter skips its query forward for a step that drafts nothing (both runners; eager steps; the
+    context K/V of the step's tokens are still stored). ``patches/vllm/README.md``."""
+    import torch
+    from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
 
-    if getattr(DFlashSpeculator, "_dllm_patched", False):
-        return
-    propose, generate = DFlashSpeculator.propose, DFlashSpeculator._generate_draft
+    def v2_propose(propose):  # Model Runner V2: the draft count gates _generate_draft
+        def _propose(self, *args, num_speculative_tokens=None, **kwargs):
+            self._dllm_skip = num_speculative_tokens == 0
+            return propose(self, *args, num_speculative_tokens=num_speculative_tokens, **kwargs)
+        return _propose
 
-    def _propose(self, *args, num_speculative_tokens=None, **kwargs):
-        self._dllm_skip = num_speculative_tokens == 0
-        return propose(self, *args, num_speculative_tokens=num_speculative_tokens, **kwargs)
+    _patched(DFlashSpeculator, "propose", v2_propose)
+    _patched(DFlashSpeculator, "_generate_draft", lambda generate: lambda self, *a, **kw: (
+        None if getattr(self, "_dllm_skip", False) else generate(self, *a, **kw)))
 
-    def _generate_draft(self, *args, **kwargs):
-        if not getattr(self, "_dllm_skip", False):
-            generate(self, *args, **kwargs)
+    def v1_propose(propose):  # the default runner, called with keywords: the context K/V stored, no forward
+        def _propose(self, num_speculative_tokens, **kw):
+            if num_speculative_tokens:
+                return propose(self, num_speculative_tokens=num_speculative_tokens, **kw)
+            self.num_speculative_tokens, self._last_draft_probs, cad = 0, None, kw["common_attn_metadata"]
+            n, _, _ = self.set_inputs_first_pass(
+                target_hidden_states=self.model.combine_hidden_states(kw["target_hidden_states"]), cad=cad,
+                **{k: kw.get(k) for k in ("target_token_ids", "next_token_ids", "target_positions",
+                                          "token_indices_to_sample", "num_rejected_tokens_gpu")})
+            self.build_model_inputs_first_pass(n, n, kw.get("mm_embed_inputs"))
+            return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
+        return _propose
 
-    DFlashSpeculator.propose, DFlashSpeculator._generate_draft = _propose, _generate_draft
-    DFlashSpeculator._dllm_patched = True
+    _patched(DFlashProposer, "propose", v1_propose)
 
 
 def patch_custom_proposer() -> None:
@@ -74,14 +93,11 @@ def patch_custom_proposer() -> None:
     ``patches/vllm/README.md``."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    if getattr(GPUModelRunner, "_dllm_patched", False):
-        return
-    propose = GPUModelRunner.propose_draft_token_ids
+    def wrap(propose):
+        def _propose(self, scheduler_output, *args, **kwargs):
+            if self.speculative_config is not None and self.speculative_config.method == "custom_class":
+                self.drafter.num_speculative_tokens = scheduler_output.num_spec_tokens_to_schedule
+            return propose(self, scheduler_output, *args, **kwargs)
+        return _propose
 
-    def _propose(self, scheduler_output, *args, **kwargs):
-        if self.speculative_config is not None and self.speculative_config.method == "custom_class":
-            self.drafter.num_speculative_tokens = scheduler_output.num_spec_tokens_to_schedule
-        return propose(self, scheduler_output, *args, **kwargs)
-
-    GPUModelRunner.propose_draft_token_ids = _propose
-    GPUModelRunner._dllm_patched = True
+    _patched(GPUModelRunner, "propose_draft_token_ids", wrap)
