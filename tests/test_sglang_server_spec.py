@@ -237,3 +237,22 @@ def test_stand_in_tree_metadata_matches_sglangs_host_derivation(monkeypatch):
     assert torch.equal(next_token, want_token) and torch.equal(next_sibling, want_sibling)
     assert torch.equal(positions, torch.from_numpy(depths) + seq_lens[:, None])
     assert torch.equal(index, torch.arange(bs * n).view(bs, n))
+
+
+def test_tokenswift_adaptive_draft_length_is_lossless(prompts, plain, tmp_path):
+    """``--speculative-adaptive`` with TOKENSWIFT (``integrations/sglang/tokenswift.py``: trees of k + 1 nodes, the
+    accepted tokens handed back at the launch's width): with options that alternate plain steps (k = 0) and the
+    whole tree, and then with the policy's own choice (every length measured), 16 concurrent greedy answers equal
+    plain decoding's."""
+    flags = ("--speculative-algorithm", "TOKENSWIFT", "--speculative-num-draft-tokens", "8",
+             "--speculative-draft-model-path", str(ROOT / "models" / "tokenswift-qwen3-tasks"), "--speculative-adaptive")
+    options = tmp_path / "adaptive.json"
+    options.write_text(json.dumps({"candidates": [0, 7], "margin": 1e9, "explore_every": 2}))
+    with SGLangServer(TARGET, *COMMON, *flags, "--speculative-adaptive-config", str(options),
+                      log=tmp_path / "server.log") as srv:
+        assert [o["output_ids"] for o in serve_all(srv, prompts)] == plain
+    with SGLangServer(TARGET, *COMMON, *flags, log=tmp_path / "server2.log") as srv:
+        assert [o["output_ids"] for o in serve_all(srv, prompts)] == plain
+    for log in ("server.log", "server2.log"):  # the adaptive worker served (candidates: the option file's, else all)
+        assert "TOKENSWIFT at the core's adaptive draft length" in (tmp_path / log).read_text()
+    assert "candidates=(0, 7), margin=1000000000.0" in (tmp_path / "server.log").read_text()

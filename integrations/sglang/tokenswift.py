@@ -3,6 +3,8 @@
 trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest."""
 from __future__ import annotations
 
+import logging
+
 import numpy as np
 import torch
 
@@ -22,10 +24,12 @@ class TreeDrafter(TokenSwiftDrafter):
         super().__init__(DraftOptions(max_nodes=draft_token_num - 1, **options), heads, lm_head)
         self.d = draft_token_num
 
-    def draft(self, rid: str, tokens: list[int]) -> tuple[np.ndarray, np.ndarray]:
-        """-> (tokens [D] int64: root first, mask [D, D] bool: mask[i, j] = j is i or an ancestor of i)."""
+    def draft(self, rid: str, tokens: list[int], width: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """-> (tokens [W] int64: root first, mask [W, W] bool: mask[i, j] = j is i or an ancestor of i); W = D or
+        ``width`` (the tree's first W nodes: a parent comes before its children)."""
         ids, mask = padded(self.tree(rid, tokens), self.d)
-        return ids.numpy(), mask.numpy()
+        w = width or self.d
+        return ids[:w].numpy(), mask[:w, :w].numpy()
 
 
 def _spec_class():
@@ -78,13 +82,14 @@ def worker_class(server_args=None):
 
         def _prepare_draft_tokens(self, batch):
             use_prev = self.enable_overlap and not batch.grammar_needs_sync()
-            prev_ids, prev_lens, stride = [], [0] * len(batch.reqs), self.draft_token_num
+            prev_ids, prev_lens, stride = [], [0] * len(batch.reqs), self.speculative_num_draft_tokens
             if use_prev:
                 prev_ids = batch.spec_info.accept_tokens.cpu().tolist()
                 prev_lens = batch.spec_info.accept_lens.cpu().tolist()
             self.prev_token_ids, self.prev_accept_lens = prev_ids, prev_lens
             drafts = [self.drafter.draft(r.rid, list(r.origin_input_ids_unpadded) + list(r.output_ids) + (
-                prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else [])) for i, r in enumerate(batch.reqs)]
+                prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else []), self.draft_token_num)
+                for i, r in enumerate(batch.reqs)]
             return np.concatenate([t for t, _ in drafts]), np.concatenate([m.flatten() for _, m in drafts])
 
         def _update_ngram_corpus(self, batch):
@@ -105,7 +110,50 @@ def worker_class(server_args=None):
                         self.drafter.set_hidden(rid, h)
             return out
 
+    if getattr(server_args, "speculative_adaptive", False):
+        return adaptive(TokenSwiftWorker)
     return TokenSwiftWorker
+
+
+NGRAM_WIDTH = ("draft_token_num", "draft_tokens", "retrieve_indexes", "retrieve_next_token", "retrieve_next_sibling",
+               "positions", "tree_mask", "draft_tokens_batch", "tree_mask_batch", "retrieve_indexes_batch",
+               "retrieve_next_token_batch", "retrieve_next_sibling_batch", "positions_batch")
+
+
+def adaptive(worker):
+    """TOKENSWIFT at the core's adaptive draft length (``--speculative-adaptive``): each decode step verifies a tree
+    of k + 1 nodes (the tree's first k + 1; k = 0: the bonus token alone), the accepted tokens handed back at the
+    launch's width, as every other step's."""
+    from .spec import at_width, step_clock
+
+    class AdaptiveTokenSwiftWorker(worker):
+        def __init__(self, server_args, *args, **kwargs):
+            super().__init__(server_args, *args, **kwargs)
+            self.dllm_clock, self.dllm_widths = step_clock(server_args, self.draft_token_num - 1, self.device), {}
+            logging.getLogger(__name__).info("TOKENSWIFT at the core's adaptive draft length: %s",
+                                             self.dllm_clock.lengths.opts)
+
+        def _sized(self, width: int) -> dict:
+            self.draft_token_num = width
+            self._init_preallocated_tensors()
+            return {}
+
+        def forward_batch_generation(self, batch, **kwargs):
+            decode, full = batch.forward_mode.is_decode(), self.speculative_num_draft_tokens
+            k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0)
+            if not decode or k + 1 == full:
+                return super().forward_batch_generation(batch, **kwargs)
+            with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)):
+                out = super().forward_batch_generation(batch, **kwargs)
+            tokens = out.next_token_ids.view(-1, k + 1)  # [bs, k + 1] -> [bs, D], as the scheduler reads them
+            out.next_token_ids = torch.cat([tokens, tokens.new_zeros(len(tokens), full - k - 1)], 1).flatten()
+            out.next_draft_input.accept_tokens, out.next_draft_input.draft_token_num = out.next_token_ids, full
+            return out
+
+        def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
+            self.dllm_clock.result(num_correct_drafts_per_req)
+
+    return AdaptiveTokenSwiftWorker
 
 
 def register() -> None:

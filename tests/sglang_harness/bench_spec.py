@@ -52,6 +52,7 @@ FLAGS = {
     "tokenswift": ("--speculative-algorithm", "TOKENSWIFT", "--speculative-num-draft-tokens", "8",
                    "--speculative-draft-model-path", str(ROOT / "models" / "tokenswift-qwen3-tasks")),
 }
+FLAGS["tokenswift-adaptive"] = FLAGS["tokenswift"] + ("--speculative-adaptive",)
 
 
 def scheduler_cpu_seconds(srv: SGLangServer) -> float:

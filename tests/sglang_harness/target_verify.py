@@ -16,7 +16,7 @@ def target_verify_sdpa(q, o, k_buf, v_buf, req_to_token, forward_batch, scaling:
     """q, o: [bs * n, H, D] (o written in place); k_buf, v_buf: [slots, Hkv, D]."""
     bs = forward_batch.req_pool_indices.shape[0]
     n = q.shape[0] // bs
-    tree = getattr(forward_batch.spec_info, "custom_mask", None)
+    tree = getattr(forward_batch.spec_info, "custom_mask", None) if n > 1 else None  # one node: itself alone
     if tree is not None:
         tree = tree.view(bs, n, n).bool()  # [bs, n, n]: tree[b, i, j] = j is i or an ancestor of i
     chain = torch.ones(n, n, dtype=torch.bool, device=q.device).tril() if causal and n > 1 else None  # else: all
