@@ -242,8 +242,8 @@ def test_stand_in_tree_metadata_matches_sglangs_host_derivation(monkeypatch):
 def test_tokenswift_adaptive_draft_length_is_lossless(prompts, plain, tmp_path):
     """``--speculative-adaptive`` with TOKENSWIFT (``integrations/sglang/tokenswift.py``: trees of k + 1 nodes, the
     accepted tokens handed back at the launch's width): with options that alternate plain steps (k = 0) and the
-    whole tree, and then with the policy's own choice (every length measured), 16 concurrent greedy answers equal
-    plain decoding's."""
+    whole tree, 16 concurrent greedy answers equal plain decoding's (the lengths between: ``test_tokenswift.py::
+    test_a_narrower_verify_takes_the_trees_first_nodes``; the benchmark's runs compare every answer)."""
     flags = ("--speculative-algorithm", "TOKENSWIFT", "--speculative-num-draft-tokens", "8",
              "--speculative-draft-model-path", str(ROOT / "models" / "tokenswift-qwen3-tasks"), "--speculative-adaptive")
     options = tmp_path / "adaptive.json"
@@ -251,8 +251,5 @@ def test_tokenswift_adaptive_draft_length_is_lossless(prompts, plain, tmp_path):
     with SGLangServer(TARGET, *COMMON, *flags, "--speculative-adaptive-config", str(options),
                       log=tmp_path / "server.log") as srv:
         assert [o["output_ids"] for o in serve_all(srv, prompts)] == plain
-    with SGLangServer(TARGET, *COMMON, *flags, log=tmp_path / "server2.log") as srv:
-        assert [o["output_ids"] for o in serve_all(srv, prompts)] == plain
-    for log in ("server.log", "server2.log"):  # the adaptive worker served (candidates: the option file's, else all)
-        assert "TOKENSWIFT at the core's adaptive draft length" in (tmp_path / log).read_text()
-    assert "candidates=(0, 7), margin=1000000000.0" in (tmp_path / "server.log").read_text()
+    log = (tmp_path / "server.log").read_text()  # the adaptive worker served, with the option file's policy
+    assert "TOKENSWIFT at the core's adaptive draft length" in log and "candidates=(0, 7), margin=1000000000.0" in log

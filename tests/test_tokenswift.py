@@ -399,6 +399,23 @@ def test_padded_tree_has_a_fixed_width():
         padded(build_tree(0, [[1, 2, 3]]), 3)
 
 
+def test_a_narrower_verify_takes_the_trees_first_nodes(monkeypatch):
+    """SGLang's adaptive TOKENSWIFT verifies the first W nodes of the padded tree: every W gives a tree (each node's
+    ancestors among the first W), the same as the whole tree's first W rows."""
+    from dllm_core.drafters.tokenswift.tree import padded
+    from integrations.sglang.tokenswift import TreeDrafter
+
+    tree = build_tree(5, [[1, 2, 4], [1, 3], [6, 7]])  # 5 -> 1 -> {2 -> 4, 3}, 5 -> 6 -> 7
+    drafter = TreeDrafter(8)
+    monkeypatch.setattr(drafter, "tree", lambda rid, tokens: tree)
+    full_ids, full_mask = padded(tree, 8)
+    for w in range(1, 9):
+        ids, mask = drafter.draft("r", [5], w)
+        assert ids.tolist() == full_ids[:w].tolist() and (mask == full_mask[:w, :w].numpy()).all()
+        assert (full_mask[:w, w:].sum() == 0) and mask.diagonal().all()  # no ancestor left out
+    assert drafter.draft("r", [5])[0].tolist() == full_ids.tolist()
+
+
 def test_draft_options_are_shared_by_the_loop_and_the_hosts():
     from dataclasses import asdict, fields
 
