@@ -19,8 +19,10 @@ with its range) and the answers identical to plain's (greedy, float32).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -113,7 +115,8 @@ def main() -> None:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
                                   "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
+                                 start_new_session=True)  # its own group: its engine's processes end with it
              for m in modes}
     try:
         for proc in procs.values():
@@ -136,8 +139,9 @@ def main() -> None:
                           "identical": sum(x == y for x, y in zip(rs[0]["answers"], base[0]["answers"]))}
         print(json.dumps(result, indent=2))
     finally:
-        for proc in procs.values():
-            proc.kill()
+        for proc in procs.values():  # the engine core and its worker outlive a killed parent (and spin a core)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
