@@ -99,8 +99,8 @@ def run_grid(model, tok, workloads: list[Workload], samplers: list[str], caches:
     from .tasks.evaluate import generate_batched
 
     check_specs(samplers, caches, repeat, batch_size)
-    for wl in workloads:  # warm-up (allocator, kernels)
-        generate_batched(model, wl.prompts[:batch_size], wl.cfg, batch_size)
+    for wl in workloads:  # warm-up (allocator, kernels) on the workload's shapes, with a sampler that ends fast
+        generate_batched(model, wl.prompts[:batch_size], replace(wl.cfg, sampler="threshold:tau=0.5"), batch_size)
     pairs, runs = combos(samplers, caches), {}
     bar = progress_bar(total=repeat * len(pairs) * len(workloads), desc="bench", disable=not progress)
     for r in range(repeat):
