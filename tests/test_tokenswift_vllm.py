@@ -48,26 +48,31 @@ def pair(tmp_path_factory):
     return {"target": target_dir, "heads": heads_dir, "prompts": prompts, "ours": ours, "shipped": shipped}
 
 
-@pytest.fixture(scope="module")
-def llm(pair):
+def in_process_engine(pair, **kw):
+    """A vLLM engine on the pair with TokenSwift's proposer, its engine core in this process (the proposer is
+    reachable); ``kw``: more ``LLM`` arguments."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
     before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the proposer is reachable
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
     try:
-        engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
-                     max_num_seqs=4, seed=0, disable_log_stats=False,
-                     speculative_config={"method": "custom_class", "model": PROPOSER,
-                                         "num_speculative_tokens": SPEC_TOKENS},
-                     additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}})
+        return LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
+                   max_num_seqs=4, seed=0, speculative_config={"method": "custom_class", "model": PROPOSER,
+                                                               "num_speculative_tokens": SPEC_TOKENS},
+                   additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}}, **kw)
     finally:
         torch.set_num_threads = set_threads
         if before is None:
             os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
         else:
             os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+
+@pytest.fixture(scope="module")
+def llm(pair):
+    engine = in_process_engine(pair, disable_log_stats=False)
     yield engine
     engine.llm_engine.engine_core.shutdown()
 
@@ -125,25 +130,10 @@ def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
     """TokenSwift at the core's adaptive draft length (``AdaptiveDraftScheduler``; the runner tells the ``custom_class``
     proposer each step's draft count): greedy answers identical to plain decoding, the proposer asked for several
     counts (0 = a plain step: no drafts proposed) and never drafting past the count."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # engine core in this process: the proposer is reachable
-    set_threads = torch.set_num_threads
-    try:
-        engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
-                     max_num_seqs=4, seed=0, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler",
-                     speculative_config={"method": "custom_class", "model": PROPOSER,
-                                         "num_speculative_tokens": SPEC_TOKENS},
-                     additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}})
-    finally:
-        torch.set_num_threads = set_threads
-        if before is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+    engine = in_process_engine(pair, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")
     try:
         proposer, seen = _proposer(engine), []
         propose = proposer.propose
@@ -157,7 +147,8 @@ def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
         outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
                                SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
         assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
-        assert {k for k, _ in seen} >= {0, SPEC_TOKENS} and all(n <= k for k, n in seen)
+        asked = {k for k, _ in seen}  # which lengths the policy measures depends on the step times it sees
+        assert 0 in asked and len(asked) > 1 and all(n <= k for k, n in seen)
         assert any(n for _, n in seen)
     finally:
         engine.llm_engine.engine_core.shutdown()
