@@ -529,17 +529,34 @@ def cpu_like(batch: int, k: int) -> float:
 @pytest.mark.parametrize("batch, p", [(1, 0.9), (1, 0.0), (4, 0.8), (4, 0.95), (16, 0.9), (64, 0.5)])
 def test_adaptive_length_is_never_slower_than_plain(batch, p):
     """On a cost curve like this CPU's, in steady state (1,000 steps): the policy's tokens/s are at least plain
-    decoding's (less its measurements, at most 2 %) and, where a fixed draft length beats plain decoding, within 10 %
-    of the best fixed length (the issue's target); plain decoding where every length loses."""
+    decoding's (less its measurements - each length timed twice -, at most 3 %) and, where a fixed draft length
+    beats plain decoding, within 10 % of the best fixed length (the issue's target); plain decoding where every
+    length loses."""
     rate, plain, chosen = simulate(AdaptiveDraft(15).new(), batch, p, cpu_like, steps=1000)
     fixed = max(sum(p ** i for i in range(k + 1)) / cpu_like(batch, k) for k in range(1, 16))  # expected rates
-    assert rate >= 0.98 * plain
+    assert rate >= 0.97 * plain
     if fixed > plain:
         assert rate >= 0.9 * fixed
     if fixed > 1.1 * plain:
         assert chosen.count(0) <= 5
     if fixed < plain:
         assert chosen.count(0) >= 45
+
+
+@pytest.mark.parametrize("batch, p", [(1, 0.9), (1, 0.0), (4, 0.8), (16, 0.3), (64, 0.0), (64, 0.5)])
+def test_adaptive_length_survives_slow_steps(batch, p):
+    """A host where one step in 20 is 3x slower (another process, a collection) and the rest vary by 10 %: over 20
+    runs of 300 steps the policy keeps >= 0.78 of the best noiseless rate (the noise alone costs 13 %): an unlucky
+    step neither rules a length out nor keeps the policy on a losing one."""
+    fixed = max(sum(p ** i for i in range(k + 1)) / cpu_like(batch, k) for k in range(16))
+    for seed in range(20):
+        rng = random.Random(seed)
+
+        def cost(b: int, k: int) -> float:
+            return cpu_like(b, k) * (3.0 if rng.random() < 0.05 else 1.0 + 0.1 * rng.random())
+
+        rate, _, _ = simulate(AdaptiveDraft(15).new(), batch, p, cost, steps=300, seed=seed)
+        assert rate >= 0.78 * fixed, seed
 
 
 def test_adaptive_length_follows_a_change_in_acceptance():

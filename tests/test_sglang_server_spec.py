@@ -132,7 +132,7 @@ def test_adaptive_options_of_a_launch():
     assert AdaptiveDraft.of(15, {"candidates": [15, 0], "margin": 1.1}) == AdaptiveDraft(15, (0, 15), margin=1.1)
     assert AdaptiveDraft.of(15, None) == AdaptiveDraft(15)
     with pytest.raises(ValueError, match=r"^--speculative-adaptive-config a.json: unknown options \['blocks'\]; "
-                                         r"allowed: \['candidates', 'margin', 'explore_every', 'time_decay', "
+                                         r"allowed: \['candidates', 'margin', 'explore_every', 'time_window', "
                                          r"'accept_decay'\]$"):
         AdaptiveDraft.of(15, {"blocks": 4}, "--speculative-adaptive-config a.json")
 

@@ -10,12 +10,16 @@ Cost model (``docs/dflash.md`` "Adaptive draft length"). With b requests in the 
 where s_i is the measured probability that the first i drafts are all accepted. The policy picks the k of the
 candidates with the most tokens per second, E(k) / T(b, k), and k = 0 unless that beats plain decoding by
 ``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
-(``observe``); times are kept per batch-size bucket (powers of two) and k as moving averages, so the policy
-follows the host's real costs (a GPU verify that is free up to some tokens, a CPU one that grows with them).
-Unmeasured (bucket, k) cells are measured first, shortest first, a longer one only while its rate predicted from
-the measured step times may compete (a large batch never pays for a long useless draft); every ``explore_every``
-steps a bucket re-measures the best-rated length above its choice when it may compete (from plain decoding:
-always, which also measures the acceptance again), so a change in acceptance or cost is seen at a bounded price.
+(``observe``); per batch-size bucket (powers of two) and k the last ``time_window`` step times are kept and T is
+their minimum (a step is never faster than its work), so the policy follows the host's real costs (a GPU verify
+that is free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection,
+another process) decides nothing.
+Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
+first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
+pays for a long useless draft); every ``explore_every`` steps a bucket re-measures, in turn, plain decoding (when
+it is not the choice) and the best-rated length above its choice when it may compete (from plain decoding: always,
+the shortest draft, which measures the first draft's acceptance again), so a change in acceptance or cost is seen at
+a bounded price.
 Lossless by construction: it only chooses how many drafts the lossless verifier sees.
 
 One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
@@ -31,6 +35,7 @@ from typing import Hashable, Mapping, Sequence
 from ..options import check_min, check_range, check_value
 
 PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
+SAMPLES = 2  # step times a (bucket, k) cell needs before it is measured
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
 
@@ -38,21 +43,21 @@ PRIOR = 1.0  # acceptance counts start as if one request had accepted every draf
 class AdaptiveDraft:
     """Options: ``max_draft`` (the drafter's most drafts per step), ``candidates`` (draft lengths tried; default
     0, 1, 2, 4, ... up to ``max_draft``), ``margin`` (speculate when its tokens/s exceed plain's times this),
-    ``explore_every`` (steps between re-measurements per bucket), ``time_decay`` / ``accept_decay`` (weight of the
-    past in the step-time averages, per step of the bucket and length, and in the acceptance counts, per step)."""
+    ``explore_every`` (steps between re-measurements per bucket), ``time_window`` (step times kept per bucket and
+    length), ``accept_decay`` (weight of the past in the acceptance counts, per step)."""
 
     max_draft: int
     candidates: tuple[int, ...] | None = None
     margin: float = 1.0
     explore_every: int = 128
-    time_decay: float = 0.9
+    time_window: int = 5
     accept_decay: float = 0.99
 
     def __post_init__(self):
         check_min(self.max_draft, 1, "max_draft")
         check_min(self.margin, 0.0, "margin", strict=True)
         check_min(self.explore_every, 1, "explore_every")
-        check_range(self.time_decay, 0.0, 0.999, "time_decay")
+        check_min(self.time_window, 1, "time_window")
         check_range(self.accept_decay, 0.0, 0.999, "accept_decay")
         if self.candidates is None:
             ks, k = [0], 1
@@ -99,7 +104,8 @@ class DraftLength:
 
     def __init__(self, opts: AdaptiveDraft):
         self.opts = opts
-        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step (moving average)
+        self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
+        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step (their minimum)
         self.steps: dict[int, int] = {}  # bucket -> steps decided
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
@@ -130,8 +136,9 @@ class DraftLength:
 
     def predicted(self, b: int, k: int) -> float:
         """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
-        two measured lengths nearest to it (inf with fewer than two: to be measured)."""
-        near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b))[:2]
+        two measured draft lengths nearest to it (plain decoding's time is not one: it has no drafter forward; inf
+        with fewer than two: to be measured)."""
+        near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b and j))[:2]
         if len(near) < 2:
             return float("inf")
         (_, k1, t1), (_, k2, t2) = near
@@ -143,14 +150,18 @@ class DraftLength:
         n = self.steps[b] = self.steps.get(b, 0) + 1
         rates = self.rates(batch)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
+            if 0 < len(self.samples.get((b, k), ())) < SAMPLES:
+                return k
             if k not in rates and (len(rates) < 2 or self.predicted(b, k) >= PROBE * max(rates.values())):
                 return k
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
-        if n % self.opts.explore_every == 0:  # re-measure the best-rated longer length, if it may compete
-            up = {k: r for k, r in rates.items() if k > best}
-            probe = max(up, key=up.get) if up else best
+        if n % self.opts.explore_every == 0:  # re-measure plain decoding or the best-rated longer length, in turn
+            if best and n // self.opts.explore_every % 2:
+                return 0
+            up = {k: r for k, r in rates.items() if k > best}  # from plain: the shortest (the first draft's rate)
+            probe = (min(up) if best == 0 else max(up, key=up.get)) if up else best
             if best == 0 or up.get(probe, 0) >= PROBE * rates[best]:
                 return probe
         return best
@@ -158,9 +169,10 @@ class DraftLength:
     def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = ()) -> None:
         """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
         accepted per request (k > 0)."""
-        d = self.opts.time_decay
         key = (bucket(batch), k)
-        self.time[key] = seconds if key not in self.time else d * self.time[key] + (1 - d) * seconds
+        times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
+        times.append(seconds)
+        self.time[key] = min(times)
         self.count(k, accepted)
 
     def count(self, k: int, accepted: Sequence[int]) -> None:

@@ -4,6 +4,8 @@ only; ``docs/vllm.md`` says what runs where.
 """
 from __future__ import annotations
 
+import multiprocessing
+
 ARCHITECTURES = {"LLaDAModelLM": "integrations.vllm.model:LLaDAForDiffusion",
                  "DreamModel": "integrations.vllm.model:DreamForDiffusion",
                  "LLaDA2MoeModelLM": "integrations.vllm.llada2:LLaDA2ForDiffusion"}
@@ -32,4 +34,7 @@ def register() -> None:
         ModelRegistry.register_model(arch, target)
         MODELS_CONFIG_MAP[arch] = hook
     patch_diffusion_check(ARCHITECTURES)  # OpenAI temperature / seed (options.check_sampling)
+    if multiprocessing.current_process().name.startswith("VllmWorker"):  # a multi-process executor's worker
+        from .spec import patch_runner
+        patch_runner()  # the runner's side of the adaptive draft length (spec.py)
     _registered = True

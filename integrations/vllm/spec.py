@@ -26,8 +26,7 @@ class AdaptiveDrafts:
         super().__init__(vllm_config, *args, **kwargs)
         if self.num_spec_tokens:
             self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new())
-            patch_dflash()  # the worker of a single-process executor lives here
-            patch_custom_proposer()
+            patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
@@ -52,6 +51,13 @@ def _patched(cls, name: str, wrap) -> None:
     if not getattr(cls, "_dllm_patched_" + name, False):
         setattr(cls, name, wrap(getattr(cls, name)))
         setattr(cls, "_dllm_patched_" + name, True)
+
+
+def patch_runner() -> None:
+    """Both runner patches below: where a runner runs (``register`` in a worker process, the scheduler in-process).
+    Neither changes a step whose draft count is the configured one."""
+    patch_dflash()
+    patch_custom_proposer()
 
 
 def patch_dflash() -> None:
