@@ -177,3 +177,38 @@ def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     assert table.lengths.time.keys() == {(2, 4)} and table.lengths.passed[2] == 1.0  # "a" accepted 2 of 4, "b" 0
     table.done({"a": 5, "c": 30}, {"a": 4}, {"a": 5, "c": 1})  # "c" prefills: not a decode step's time
     assert table.lengths.time.keys() == {(2, 4)}
+    table = DraftLengths(AdaptiveDraft(4).new())  # a drafter that offers fewer than asked (TokenSwift's chains)
+    assert (table[2], table.verified()) == (0, None)  # the drafts the next step verifies: asked here
+    table.asked[0] = 4  # (as if 4 had been asked)
+    table[2]  # 0 asked: this step proposes nothing, its time is not the cost of 4 drafts
+    table.done({"a": 4, "b": 1}, {"a": 3}, {"a": 1, "b": 1}, table.verified(), table.steady())
+    assert not table.lengths.time and table.lengths.reached[3] == 1  # acceptance counted, time not
+    table.asked.extend([4, 4])
+    table.done({"a": 4, "b": 1}, {"a": 3}, {"a": 1, "b": 1}, table.verified(), table.steady())
+    assert table.lengths.time.keys() == {(2, 4)}  # the choice's cell: measured, not left to be asked forever
+
+
+def _patched_in_this_process(out) -> None:
+    from integrations.vllm import register
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    register()
+    out.put([getattr(DFlashProposer, "_dllm_patched_propose", False),
+             getattr(GPUModelRunner, "_dllm_patched_propose_draft_token_ids", False)])
+
+
+def test_a_worker_process_patches_the_runner():
+    """vLLM's multi-process executor runs the runner in processes named ``VllmWorker-<rank>``, where the adaptive
+    scheduler's process cannot reach: the plugin's ``register()`` applies the runner's side there (a worker left
+    unpatched drafts TokenSwift's maximum whatever the policy chose, and DFlash's query forward at k = 0)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    proc = ctx.Process(target=_patched_in_this_process, args=(out,), name="VllmWorker-0")
+    proc.start()
+    try:
+        assert out.get(timeout=120) == [True, True]
+    finally:
+        proc.join(30)

@@ -200,15 +200,21 @@ class StepClock:
         self.since: list[tuple[int, int] | None] = []  # dispatched since the previous result
 
     def done(self, scheduled: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
-             emitted: Mapping[Hashable, int]) -> None:
+             emitted: Mapping[Hashable, int], k: int | None = None, timed: bool = True) -> None:
         """A step ended: ``scheduled`` tokens per request, ``drafts`` verified per request, ``emitted`` tokens per
-        request. A decode-only step (every request runs its drafts + 1) reports its batch, draft count, time and the
-        drafts each request accepted; a step with a prefill only restarts the clock."""
+        request, ``k`` the draft count chosen for it (default: the most verified; a drafter may offer fewer than it
+        was asked for, and the step then counts as the choice's, or that choice would stay unmeasured). A
+        decode-only step (every request runs its drafts + 1) reports its batch, draft count, time and the drafts each
+        request accepted (``timed=False``: its acceptance only - a host whose step also drafts for the next one with
+        another count); a step with a prefill only restarts the clock."""
         seconds = self.restart()
-        k = max(drafts.values(), default=0)
+        k = max(drafts.values(), default=0) if k is None else k
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
             accepted = [emitted[r] - 1 for r in drafts if r in emitted]
-            self.lengths.observe(len(scheduled), k, seconds, accepted if k else ())
+            if timed:
+                self.lengths.observe(len(scheduled), k, seconds, accepted if k else ())
+            else:
+                self.lengths.count(k, accepted)
 
     def dispatched(self, batch: int) -> int:
         """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill) -> its draft length."""

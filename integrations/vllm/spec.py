@@ -6,6 +6,8 @@ drafter's query forward (``patch_dflash``), a ``custom_class`` proposer (TokenSw
 """
 from __future__ import annotations
 
+from collections import deque
+
 from dllm_core.drafters.adaptive import AdaptiveDraft, StepClock
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
@@ -13,10 +15,26 @@ from vllm.v1.core.sched.scheduler import Scheduler
 
 
 class DraftLengths(StepClock):
-    """vLLM's batch size -> draft count table (``Scheduler.dynamic_sd_lookup``), answered by the policy."""
+    """vLLM's batch size -> draft count table (``Scheduler.dynamic_sd_lookup``), answered by the policy. A step
+    verifies the drafts proposed with the count of the schedule ``lag`` schedules before the newest when its output
+    comes back (1; 2 under async scheduling, which schedules the next step first), and proposes with its own: its
+    time is the cost of one count only where the counts in between are that count (``steady``)."""
+
+    def __init__(self, lengths, lag: int = 1):
+        super().__init__(lengths)
+        self.asked: deque[int] = deque(maxlen=lag + 1)
 
     def __getitem__(self, batch: int) -> int:
-        return self.lengths.choose(batch)
+        self.asked.append(self.lengths.choose(batch))
+        return self.asked[-1]
+
+    def verified(self) -> int | None:
+        """The count chosen for the drafts the step just ended verified (None: not known yet)."""
+        return self.asked[0] if len(self.asked) == self.asked.maxlen else None
+
+    def steady(self) -> bool:
+        """The step just ended verified and proposed with the same count."""
+        return len(set(self.asked)) == 1
 
 
 class AdaptiveDrafts:
@@ -25,16 +43,17 @@ class AdaptiveDrafts:
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         if self.num_spec_tokens:
-            self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new())
+            self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new(),
+                                                  lag=2 if isinstance(self, AsyncScheduler) else 1)
             patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 
     def update_from_output(self, scheduler_output, model_runner_output):
         out = super().update_from_output(scheduler_output, model_runner_output)
-        if isinstance(self.dynamic_sd_lookup, DraftLengths):
+        if isinstance(table := self.dynamic_sd_lookup, DraftLengths):
             out_ids, index = model_runner_output.sampled_token_ids, model_runner_output.req_id_to_index
-            self.dynamic_sd_lookup.done(scheduler_output.num_scheduled_tokens,
-                                        {r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()},
-                                        {r: len(out_ids[i]) for r, i in index.items()})
+            table.done(scheduler_output.num_scheduled_tokens,
+                       {r: len(t) for r, t in scheduler_output.scheduled_spec_decode_tokens.items()},
+                       {r: len(out_ids[i]) for r, i in index.items()}, table.verified(), table.steady())
         return out
 
 

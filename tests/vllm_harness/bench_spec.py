@@ -49,6 +49,7 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
     """One mode's engine: READY once built, then one line per request from the parent - a concurrency - answered
     with RESULT and the time of one pass of waves (the first pass at a concurrency is a warm-up, not timed)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # --multiprocess: "1" (set by main)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -103,6 +104,9 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,4,16,64")
     p.add_argument("--rounds", type=int, default=4, help="timed rounds per concurrency (order alternating)")
     p.add_argument("--modes", default="plain,dflash,adaptive", help=f"comma-separated, plain first; of {list(MODES)}")
+    p.add_argument("--multiprocess", action="store_true",
+                   help="vLLM's default process layout (engine core and worker in processes of their own) instead "
+                        "of one process per engine")
     p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
@@ -113,6 +117,8 @@ def main() -> None:
         serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    if a.multiprocess:
+        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
     procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
                                   "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
@@ -121,7 +127,8 @@ def main() -> None:
     try:
         for proc in procs.values():
             ask(proc)
-        result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "table": {}}
+        result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds,
+                  "multiprocess": a.multiprocess, "table": {}}
         for c in conc:
             runs = {m: [] for m in modes}
             for k in range(a.rounds):  # ABBA
