@@ -90,8 +90,8 @@ class AdaptiveDraft:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
-    def new(self) -> "DraftLength":
-        return DraftLength(self)
+    def new(self, per_request: bool = False) -> "DraftLength":
+        return DraftLength(self, per_request)
 
 
 def bucket(batch: int) -> int:
@@ -102,8 +102,8 @@ def bucket(batch: int) -> int:
 class DraftLength:
     """An engine's measurements and the choice they give: ``choose(batch)`` -> k, ``observe(...)`` after the step."""
 
-    def __init__(self, opts: AdaptiveDraft):
-        self.opts = opts
+    def __init__(self, opts: AdaptiveDraft, per_request: bool = False):
+        self.opts, self.per_request = opts, per_request  # per_request: see observe
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
         self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step (their minimum)
         self.steps: dict[int, int] = {}  # bucket -> steps decided
@@ -168,10 +168,12 @@ class DraftLength:
 
     def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = ()) -> None:
         """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
-        accepted per request (k > 0)."""
+        accepted per request (k > 0). ``per_request`` (a host whose step time grows with its batch: a CPU): the time
+        is kept as the bucket's smallest batch would take it, so that of lengths measured as the batch shrank the
+        later one does not look cheaper."""
         key = (bucket(batch), k)
         times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
-        times.append(seconds)
+        times.append(seconds * key[0] / batch if self.per_request else seconds)
         self.time[key] = min(times)
         self.count(k, accepted)
 

@@ -21,7 +21,8 @@ WIDTH = ("block_size", "_block_pos_offsets", "_draft_block_spec_info", "_draft_b
 def step_clock(server_args, max_draft: int, device) -> StepClock:
     """The core's draft length for one worker, its options from ``--speculative-adaptive-config``."""
     opts = read_mapping(server_args.speculative_adaptive_config, OPTION)
-    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(), synchronous=torch.device(device).type == "cpu")
+    cpu = torch.device(device).type == "cpu"
+    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu)
 
 
 @contextmanager

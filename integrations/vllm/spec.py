@@ -43,7 +43,8 @@ class AdaptiveDrafts:
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         if self.num_spec_tokens:
-            self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new(),
+            cpu = vllm_config.device_config.device_type == "cpu"
+            self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new(per_request=cpu),
                                                   lag=2 if isinstance(self, AsyncScheduler) else 1)
             patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 
