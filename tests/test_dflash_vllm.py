@@ -195,7 +195,8 @@ def _patched_in_this_process(out) -> None:
 
     register()
     out.put([getattr(DFlashProposer, "_dllm_patched_propose", False),
-             getattr(GPUModelRunner, "_dllm_patched_propose_draft_token_ids", False)])
+             getattr(GPUModelRunner, "_dllm_patched_propose_draft_token_ids", False),
+             getattr(GPUModelRunner, "_dllm_patched__sample", False)])
 
 
 def test_a_worker_process_patches_the_runner():
@@ -209,6 +210,6 @@ def test_a_worker_process_patches_the_runner():
     proc = ctx.Process(target=_patched_in_this_process, args=(out,), name="VllmWorker-0")
     proc.start()
     try:
-        assert out.get(timeout=120) == [True, True]
+        assert out.get(timeout=120) == [True, True, True]
     finally:
         proc.join(30)

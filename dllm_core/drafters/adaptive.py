@@ -16,7 +16,8 @@ that is free up to some tokens, a CPU one that grows with them) and a step slowe
 another process) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
 first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
-pays for a long useless draft); every ``explore_every`` steps a bucket re-measures, in turn, plain decoding (when
+pays for a long useless draft); every ``explore_every`` steps a bucket re-measures afresh (its window emptied:
+the choice's own window is the last steps', and a stale quiet minimum would decide), in turn, plain decoding (when
 it is not the choice) and the best-rated length above its choice when it may compete (from plain decoding: always,
 the shortest draft, which measures the first draft's acceptance again), so a change in acceptance or cost is seen at
 a bounded price.
@@ -49,7 +50,7 @@ class AdaptiveDraft:
     max_draft: int
     candidates: tuple[int, ...] | None = None
     margin: float = 1.0
-    explore_every: int = 128
+    explore_every: int = 256
     time_window: int = 5
     accept_decay: float = 0.99
 
@@ -105,10 +106,14 @@ class DraftLength:
     def __init__(self, opts: AdaptiveDraft, per_request: bool = False):
         self.opts, self.per_request = opts, per_request  # per_request: see observe
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
-        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step (their minimum)
         self.steps: dict[int, int] = {}  # bucket -> steps decided
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
+
+    @property
+    def time(self) -> dict[tuple[int, int], float]:
+        """(bucket, k) -> seconds per step: the minimum of its window (measured cells only)."""
+        return {key: min(times) for key, times in self.samples.items() if times}
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
@@ -130,9 +135,8 @@ class DraftLength:
 
     def rates(self, batch: int) -> dict[int, float]:
         """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent)."""
-        b = bucket(batch)
-        s = self.survival()
-        return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
+        b, s, time = bucket(batch), self.survival(), self.time
+        return {k: sum(s[:k + 1]) / time[b, k] for k in self.opts.candidates if (b, k) in time}
 
     def predicted(self, b: int, k: int) -> float:
         """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
@@ -158,11 +162,14 @@ class DraftLength:
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
         if n % self.opts.explore_every == 0:  # re-measure plain decoding or the best-rated longer length, in turn
-            if best and n // self.opts.explore_every % 2:
-                return 0
             up = {k: r for k, r in rates.items() if k > best}  # from plain: the shortest (the first draft's rate)
             probe = (min(up) if best == 0 else max(up, key=up.get)) if up else best
-            if best == 0 or up.get(probe, 0) >= PROBE * rates[best]:
+            if best and n // self.opts.explore_every % 2:
+                probe = 0
+            elif best and up.get(probe, 0) < PROBE * rates[best]:
+                probe = best
+            if probe != best:  # afresh, as the choice's own window is (a stale quiet minimum would decide)
+                self.samples[b, probe].clear()
                 return probe
         return best
 
@@ -174,7 +181,6 @@ class DraftLength:
         key = (bucket(batch), k)
         times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
         times.append(seconds * key[0] / batch if self.per_request else seconds)
-        self.time[key] = min(times)
         self.count(k, accepted)
 
     def count(self, k: int, accepted: Sequence[int]) -> None:

@@ -78,6 +78,7 @@ def patch_runner() -> None:
     Neither changes a step whose draft count is the configured one."""
     patch_dflash()
     patch_custom_proposer()
+    patch_draftless_sampling()
 
 
 def patch_dflash() -> None:
@@ -127,3 +128,18 @@ def patch_custom_proposer() -> None:
         return _propose
 
     _patched(GPUModelRunner, "propose_draft_token_ids", wrap)
+
+
+def patch_draftless_sampling() -> None:
+    """vLLM 0.32's runner samples every step of a speculative engine through its rejection sampler, a step without
+    drafts too; such a step samples as plain decoding does (its logits are the same rows). ``patches/vllm/README.md``."""
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def wrap(sample):
+        def _sample(self, logits, spec_decode_metadata):
+            if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
+                spec_decode_metadata = None
+            return sample(self, logits, spec_decode_metadata)
+        return _sample
+
+    _patched(GPUModelRunner, "_sample", wrap)
