@@ -2,7 +2,7 @@
 integrations.vllm.spec.AdaptiveDraftScheduler`` (``AsyncAdaptiveDraftScheduler`` with async scheduling): vLLM's
 dynamic speculative decoding asks the policy each step's draft count; a DFlash step that drafts nothing skips the
 drafter's query forward (``patch_dflash``), a ``custom_class`` proposer (TokenSwift) is told the count
-(``patch_custom_proposer``).
+(``patch_custom_proposer``), a step without drafts samples as plain decoding (``patch_draftless_sampling``).
 """
 from __future__ import annotations
 
