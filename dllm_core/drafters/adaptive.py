@@ -106,14 +106,10 @@ class DraftLength:
     def __init__(self, opts: AdaptiveDraft, per_request: bool = False):
         self.opts, self.per_request = opts, per_request  # per_request: see observe
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
+        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's minimum
         self.steps: dict[int, int] = {}  # bucket -> steps decided
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
-
-    @property
-    def time(self) -> dict[tuple[int, int], float]:
-        """(bucket, k) -> seconds per step: the minimum of its window (measured cells only)."""
-        return {key: min(times) for key, times in self.samples.items() if times}
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
@@ -135,8 +131,8 @@ class DraftLength:
 
     def rates(self, batch: int) -> dict[int, float]:
         """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent)."""
-        b, s, time = bucket(batch), self.survival(), self.time
-        return {k: sum(s[:k + 1]) / time[b, k] for k in self.opts.candidates if (b, k) in time}
+        b, s = bucket(batch), self.survival()
+        return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
 
     def predicted(self, b: int, k: int) -> float:
         """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
@@ -170,6 +166,7 @@ class DraftLength:
                 probe = best
             if probe != best:  # afresh, as the choice's own window is (a stale quiet minimum would decide)
                 self.samples[b, probe].clear()
+                del self.time[b, probe]
                 return probe
         return best
 
@@ -181,6 +178,7 @@ class DraftLength:
         key = (bucket(batch), k)
         times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
         times.append(seconds * key[0] / batch if self.per_request else seconds)
+        self.time[key] = min(times)
         self.count(k, accepted)
 
     def count(self, k: int, accepted: Sequence[int]) -> None:
