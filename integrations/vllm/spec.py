@@ -74,8 +74,8 @@ def _patched(cls, name: str, wrap) -> None:
 
 
 def patch_runner() -> None:
-    """Both runner patches below: where a runner runs (``register`` in a worker process, the scheduler in-process).
-    Neither changes a step whose draft count is the configured one."""
+    """The runner patches below, where a runner runs (``register`` in a worker process, the scheduler in-process).
+    None changes a step whose draft count is the configured one."""
     patch_dflash()
     patch_custom_proposer()
     patch_draftless_sampling()

@@ -49,7 +49,6 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
     """One mode's engine: READY once built, then one line per request from the parent - a concurrency - answered
     with RESULT and the time of one pass of waves (the first pass at a concurrency is a warm-up, not timed)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # --multiprocess: "1" (set by main)
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -117,8 +116,7 @@ def main() -> None:
         serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    if a.multiprocess:
-        env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1"
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
     procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
                                   "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
