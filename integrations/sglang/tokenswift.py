@@ -87,9 +87,12 @@ def worker_class(server_args=None):
                 prev_ids = batch.spec_info.accept_tokens.cpu().tolist()
                 prev_lens = batch.spec_info.accept_lens.cpu().tolist()
             self.prev_token_ids, self.prev_accept_lens = prev_ids, prev_lens
-            drafts = [self.drafter.draft(r.rid, list(r.origin_input_ids_unpadded) + list(r.output_ids) + (
-                prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else []), self.draft_token_num)
-                for i, r in enumerate(batch.reqs)]
+            new = [prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else [] for i in range(len(batch.reqs))]
+            if self.draft_token_num == 1:  # the root alone (the adaptive length's k = 0): nothing to draft
+                roots = [(n or r.output_ids or r.origin_input_ids_unpadded)[-1] for n, r in zip(new, batch.reqs)]
+                return np.array(roots, dtype=np.int64), np.ones(len(roots), dtype=bool)
+            drafts = [self.drafter.draft(r.rid, list(r.origin_input_ids_unpadded) + list(r.output_ids) + n,
+                                         self.draft_token_num) for n, r in zip(new, batch.reqs)]
             return np.concatenate([t for t, _ in drafts]), np.concatenate([m.flatten() for _, m in drafts])
 
         def _update_ngram_corpus(self, batch):
