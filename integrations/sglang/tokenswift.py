@@ -4,6 +4,7 @@ trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest."""
 from __future__ import annotations
 
 import logging
+from unittest.mock import patch
 
 import numpy as np
 import torch
@@ -127,6 +128,8 @@ def adaptive(worker):
     """TOKENSWIFT at the core's adaptive draft length (``--speculative-adaptive``): each decode step verifies a tree
     of k + 1 nodes (the tree's first k + 1; k = 0: the bonus token alone), the accepted tokens handed back at the
     launch's width, as every other step's."""
+    from sglang.srt.speculative import ngram_worker
+
     from .spec import at_width, step_clock
 
     class AdaptiveTokenSwiftWorker(worker):
@@ -146,7 +149,9 @@ def adaptive(worker):
             k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
-            with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)):
+            with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)), patch.object(
+                    ngram_worker, "move_accept_tokens_to_target_kvcache",  # k = 0: the K/V lie where they belong
+                    (lambda *a: None) if k == 0 else ngram_worker.move_accept_tokens_to_target_kvcache):
                 out = super().forward_batch_generation(batch, **kwargs)
             tokens = out.next_token_ids.view(-1, k + 1)  # [bs, k + 1] -> [bs, D], as the scheduler reads them
             out.next_token_ids = torch.cat([tokens, tokens.new_zeros(len(tokens), full - k - 1)], 1).flatten()
