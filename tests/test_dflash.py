@@ -559,6 +559,24 @@ def test_adaptive_length_survives_slow_steps(batch, p):
         assert rate >= 0.78 * fixed, seed
 
 
+def test_adaptive_length_remeasures_plain_decoding_on_a_host_that_times_steps_late():
+    """vLLM times a step only where it verified and proposed with one count (its drafts were asked a step earlier):
+    the first step of a re-measured length is never timed. The re-measurement still takes its samples, so plain
+    decoding, once it is the better choice, is chosen again (before: a lone plain probe between drafted steps stayed
+    unmeasured, its rate was extrapolated from the drafted lengths' times, and a losing length ran on)."""
+    policy, asked, rng = AdaptiveDraft(4, explore_every=32).new(), [None], random.Random(0)
+    cost = {0: 0.010, 1: 0.012, 2: 0.013, 4: 0.015}
+    for step in range(400):
+        p = 0.9 if step < 100 else 0.0  # the drafts stop being accepted
+        k = policy.choose(1)
+        if asked[-1] == k:  # steady: timed; else only its acceptance counted
+            policy.observe(1, k, cost[k], [next((i for i in range(k) if rng.random() > p), k)] if k else ())
+        elif k:
+            policy.count(k, [0])
+        asked.append(k)
+    assert asked[-64:].count(0) >= 56  # a probe of 3 steps every 32
+
+
 def test_adaptive_length_follows_a_change_in_acceptance():
     policy = AdaptiveDraft(8).new()
     simulate(policy, 1, 0.95, cpu_like)

@@ -37,6 +37,7 @@ from ..options import check_min, check_range, check_value
 
 PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
 SAMPLES = 2  # step times a (bucket, k) cell needs before it is measured
+PATIENCE = 2 * SAMPLES + 2  # steps a re-measured length is asked for its samples (a host times a step late)
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
 
@@ -49,7 +50,7 @@ class AdaptiveDraft:
 
     max_draft: int
     candidates: tuple[int, ...] | None = None
-    margin: float = 1.0
+    margin: float = 1.05
     explore_every: int = 256
     time_window: int = 5
     accept_decay: float = 0.99
@@ -108,6 +109,7 @@ class DraftLength:
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
         self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's minimum
         self.steps: dict[int, int] = {}  # bucket -> steps decided
+        self.probing: dict[int, tuple[int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked)
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
 
@@ -136,10 +138,10 @@ class DraftLength:
 
     def predicted(self, b: int, k: int) -> float:
         """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
-        two measured draft lengths nearest to it (plain decoding's time is not one: it has no drafter forward; inf
-        with fewer than two: to be measured)."""
+        two measured draft lengths nearest to it (plain decoding's time is not one, nor predicted from them: it has
+        no drafter forward; inf with fewer than two: to be measured)."""
         near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b and j))[:2]
-        if len(near) < 2:
+        if len(near) < 2 or k == 0:
             return float("inf")
         (_, k1, t1), (_, k2, t2) = near
         return self.expected_tokens(k) / max(t2 + (t2 - t1) / (k2 - k1) * (k - k2), 1e-12)
@@ -148,6 +150,11 @@ class DraftLength:
         """The draft length for a step of ``batch`` requests."""
         b, ks = bucket(batch), self.opts.candidates
         n = self.steps[b] = self.steps.get(b, 0) + 1
+        if b in self.probing:  # a re-measurement goes on until it has its samples (a host may time a step late)
+            k, left = self.probing.pop(b)
+            if len(self.samples[b, k]) < SAMPLES and left:
+                self.probing[b] = (k, left - 1)
+                return k
         rates = self.rates(batch)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
             if 0 < len(self.samples.get((b, k), ())) < SAMPLES:
@@ -167,6 +174,7 @@ class DraftLength:
             if probe != best:  # afresh, as the choice's own window is (a stale quiet minimum would decide)
                 self.samples[b, probe].clear()
                 del self.time[b, probe]
+                self.probing[b] = (probe, PATIENCE)
                 return probe
         return best
 

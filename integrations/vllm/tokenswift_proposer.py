@@ -28,6 +28,9 @@ class TokenSwiftProposer:
         self.max_model_len = int(vllm_config.model_config.max_model_len)
         self.hidden_size = int(vllm_config.model_config.get_hidden_size())
         self.heads_dir, self.opts = parse_options(vllm_config.additional_config)
+        from .spec import AdaptiveDrafts  # its chosen count is verified whole (its measured cost is that count's)
+
+        self.pad = issubclass(vllm_config.scheduler_config.get_scheduler_cls(), AdaptiveDrafts)
         self.heads = None
         self.drafter = TokenSwiftDrafter(self.opts)
         self._captured: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
@@ -98,6 +101,8 @@ class TokenSwiftProposer:
                 out.append([])
                 continue
             draft = self._draft(row, token_ids_cpu[row, :n], k)
+            if self.pad:  # a shorter chain padded by its last token (verified as any draft: lossless)
+                draft += [draft[-1] if draft else int(token_ids_cpu[row, n - 1])] * (k - len(draft))
             self.stats["proposals"] += bool(draft)
             out.append(draft)
         return out
