@@ -7,11 +7,14 @@ TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and ad
 requests in flight the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest),
 after a warm-up pass over the same waves (every engine, so the adaptive one has measured its lengths at that batch
 size, as a running server has), then in ``--rounds`` rounds whose order of the modes alternates (ABBA: the
-machine's drift hits every mode alike):
+machine's drift hits every mode alike; ``--restart``: fresh engines every round, as one engine process runs steadily
+faster or slower than another of the same mode):
 
     python tests/vllm_harness/bench_spec.py --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --modes plain,tokenswift,tokenswift-adaptive --rounds 2
+    python tests/vllm_harness/bench_spec.py --modes plain,dflash,adaptive,tokenswift,tokenswift-adaptive --rounds 4 \
+        --restart --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
 
 Reported: requests/s and tokens/s (median over rounds), the ratio to plain (median of the rounds' paired ratios,
 with its range) and the answers identical to plain's (greedy, float32).
@@ -106,6 +109,9 @@ def main() -> None:
     p.add_argument("--multiprocess", action="store_true",
                    help="vLLM's default process layout (engine core and worker in processes of their own) instead "
                         "of one process per engine")
+    p.add_argument("--restart", action="store_true",
+                   help="fresh engines every round (one engine process runs steadily faster or slower than another "
+                        "of the same mode, by up to 15 %% on this CPU: one process per mode biases every round alike)")
     p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
@@ -117,37 +123,44 @@ def main() -> None:
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
-    procs = {m: subprocess.Popen([sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n),
-                                  "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT,
-                                 start_new_session=True)  # its own group: its engine's processes end with it
-             for m in modes}
+    start = lambda m: subprocess.Popen(  # noqa: E731
+        [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
+         str(a.max_new_tokens), "--concurrency", a.concurrency], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        text=True, env=env, cwd=ROOT, start_new_session=True)  # its own group: its engine's processes end with it
+    procs: dict[str, subprocess.Popen] = {}
+    runs = {c: {m: [] for m in modes} for c in conc}
     try:
-        for proc in procs.values():
-            ask(proc)
-        result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds,
-                  "multiprocess": a.multiprocess, "table": {}}
-        for c in conc:
-            runs = {m: [] for m in modes}
-            for k in range(a.rounds):  # ABBA
-                for m in (modes if k % 2 == 0 else modes[::-1]):
-                    runs[m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
-            base = runs["plain"]
-            result["prompts"] = len(base[0]["answers"])
-            row = result["table"][c] = {}
-            for m, rs in runs.items():
-                ratios = sorted(b["seconds"] / r["seconds"] for b, r in zip(base, rs))
-                row[m] = {"requests_per_s": round(statistics.median(len(r["answers"]) / r["seconds"] for r in rs), 2),
-                          "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
-                          "vs_plain": round(statistics.median(ratios), 3),
-                          "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-                          "identical": sum(x == y for x, y in zip(rs[0]["answers"], base[0]["answers"]))}
-        print(json.dumps(result, indent=2))
+        for k in range(a.rounds):
+            if a.restart or not procs:  # fresh engines (a process's own speed differs from another's)
+                stop(procs)
+                procs = {m: start(m) for m in modes}
+                for proc in procs.values():
+                    ask(proc)
+            for c in conc:
+                for m in (modes if k % 2 == 0 else modes[::-1]):  # ABBA
+                    runs[c][m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
     finally:
-        for proc in procs.values():  # the engine core and its worker outlive a killed parent (and spin a core)
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.pid, signal.SIGKILL)
+        stop(procs)
+    result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "restart": a.restart,
+              "multiprocess": a.multiprocess, "prompts": len(runs[conc[0]]["plain"][0]["answers"]), "table": {}}
+    for c in conc:
+        base, row = runs[c]["plain"], result["table"].setdefault(c, {})
+        for m, rs in runs[c].items():
+            ratios = sorted(b["seconds"] / r["seconds"] for b, r in zip(base, rs))
+            row[m] = {"requests_per_s": round(statistics.median(len(r["answers"]) / r["seconds"] for r in rs), 2),
+                      "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
+                      "vs_plain": round(statistics.median(ratios), 3),
+                      "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+                      "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"])) for b, r in zip(base, rs))}
+    print(json.dumps(result, indent=2))
 
+
+def stop(procs: dict) -> None:
+    """End the modes' engines (the engine core and its worker outlive a killed parent, and spin a core)."""
+    for proc in procs.values():
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
 
 if __name__ == "__main__":
     main()
