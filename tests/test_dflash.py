@@ -577,6 +577,35 @@ def test_adaptive_length_remeasures_plain_decoding_on_a_host_that_times_steps_la
     assert asked[-64:].count(0) >= 56  # a probe of 3 steps every 32
 
 
+def wave(policy, p: float, seed: int, k: int | None = None) -> float:
+    """Seconds for 64 answers of 16-24 tokens (``seed``'s) decoded together (the batch shrinks as they end) with
+    per-draft acceptance ``p`` on ``cpu_like`` steps: at the policy's lengths, or at ``k`` drafts each step."""
+    rng = random.Random(seed)
+    left, seconds = [20 + rng.randint(-4, 4) for _ in range(64)], 0.0
+    while live := [i for i, x in enumerate(left) if x > 0]:
+        kk = policy.choose(len(live)) if k is None else k
+        acc = [next((i for i in range(kk) if rng.random() > p), kk) for _ in live]
+        seconds += cpu_like(len(live), kk)
+        if k is None:
+            policy.observe(len(live), kk, cpu_like(len(live), kk), acc if kk else ())
+        for i, a in zip(live, acc):
+            left[i] -= a + 1
+    return seconds
+
+
+@pytest.mark.parametrize("p", [0.0, 0.3, 0.6])
+def test_adaptive_length_in_waves_of_a_shrinking_batch(p):
+    """Waves of 64 short answers, where no draft length beats plain decoding: the batch passes through six buckets
+    in about 20 steps, so a bucket that measured every length itself would spend much of each wave measuring. A cold
+    bucket predicts a length from the nearest bucket's step times scaled by its own plain step: over waves 2-6 the
+    policy keeps >= 98 % of plain decoding's speed (measuring each: 86-97 %)."""
+    policy = AdaptiveDraft(15).new()
+    wave(policy, p, 0)
+    seconds = sum(wave(policy, p, seed) for seed in range(1, 6))
+    plain = sum(wave(None, p, seed, k=0) for seed in range(1, 6))
+    assert plain / seconds >= 0.98
+
+
 def test_adaptive_length_follows_a_change_in_acceptance():
     policy = AdaptiveDraft(8).new()
     simulate(policy, 1, 0.95, cpu_like)

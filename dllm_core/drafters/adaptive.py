@@ -16,7 +16,8 @@ that is free up to some tokens, a CPU one that grows with them) and a step slowe
 another process) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
 first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
-pays for a long useless draft); every ``explore_every`` steps a bucket re-measures afresh (its window emptied:
+pays for a long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step,
+so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps a bucket re-measures afresh (its window emptied:
 the choice's own window is the last steps', and a stale quiet minimum would decide), in turn, plain decoding (when
 it is not the choice) and the best-rated length above its choice when it may compete (from plain decoding: always,
 the shortest draft, which measures the first draft's acceptance again), so a change in acceptance or cost is seen at
@@ -136,15 +137,29 @@ class DraftLength:
         b, s = bucket(batch), self.survival()
         return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
 
-    def predicted(self, b: int, k: int) -> float:
-        """An unmeasured length's rate in bucket ``b``: E(k) over the step time interpolated linearly in k from the
-        two measured draft lengths nearest to it (plain decoding's time is not one, nor predicted from them: it has
-        no drafter forward; inf with fewer than two: to be measured)."""
+    def step_time(self, b: int, k: int) -> float | None:
+        """Bucket ``b``'s time for k drafts: measured, or interpolated linearly in k from its two measured draft
+        lengths nearest to k (None with fewer)."""
+        if (b, k) in self.time:
+            return self.time[b, k]
         near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b and j))[:2]
-        if len(near) < 2 or k == 0:
-            return float("inf")
+        if len(near) < 2:
+            return None
         (_, k1, t1), (_, k2, t2) = near
-        return self.expected_tokens(k) / max(t2 + (t2 - t1) / (k2 - k1) * (k - k2), 1e-12)
+        return t2 + (t2 - t1) / (k2 - k1) * (k - k2)
+
+    def predicted(self, b: int, k: int) -> float:
+        """An unmeasured length's rate in bucket ``b``: E(k) over its ``step_time``, or else, with plain decoding
+        measured in ``b``, over plain's time scaled as in the nearest bucket that has both (a cold bucket need not
+        measure what its neighbour found losing). Plain decoding's time is never predicted (it has no drafter
+        forward); inf: to be measured."""
+        t = self.step_time(b, k) if k else None
+        if t is None and k and (b, 0) in self.time:
+            for _, nb in sorted((abs(nb.bit_length() - b.bit_length()), nb) for (nb, j) in self.time if j == 0):
+                if nb != b and (tn := self.step_time(nb, k)) is not None:
+                    t = self.time[b, 0] * tn / self.time[nb, 0]
+                    break
+        return float("inf") if t is None else self.expected_tokens(k) / max(t, 1e-12)
 
     def choose(self, batch: int) -> int:
         """The draft length for a step of ``batch`` requests."""
@@ -159,7 +174,7 @@ class DraftLength:
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
             if 0 < len(self.samples.get((b, k), ())) < SAMPLES:
                 return k
-            if k not in rates and (len(rates) < 2 or self.predicted(b, k) >= PROBE * max(rates.values())):
+            if k not in rates and self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0):
                 return k
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
