@@ -501,7 +501,8 @@ def test_embedded_loop_vllm_and_sglang_draft_the_same(target, heads, tmp_path, m
     vllm_config = SimpleNamespace(speculative_config=SimpleNamespace(num_speculative_tokens=3),
                                   model_config=SimpleNamespace(max_model_len=4096,
                                                                get_hidden_size=lambda: target.config.hidden_size),
-                                  additional_config={"tokenswift": {"heads": str(save_heads(heads, tmp_path / "h"))}})
+                                  additional_config={"tokenswift": {"heads": str(save_heads(heads, tmp_path / "h"))}},
+                                  scheduler_config=SimpleNamespace(get_scheduler_cls=lambda: object))  # vLLM's own
     proposer = TokenSwiftProposer(vllm_config)
     proposer.load_model(VllmTarget())
     sglang = TreeDrafter(cfg.max_nodes + 1, heads=heads, lm_head=lm)
