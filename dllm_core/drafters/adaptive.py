@@ -17,8 +17,9 @@ another process) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
 first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
 pays for a long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step,
-so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps a bucket re-measures afresh (its window emptied:
-the choice's own window is the last steps', and a stale quiet minimum would decide), in turn, plain decoding (when
+so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
+a bucket re-measures afresh (its window emptied: the choice's own window is the last steps', and a stale quiet
+minimum would decide; asked until its samples are in, as a host may time a step late), in turn, plain decoding (when
 it is not the choice) and the best-rated length above its choice when it may compete (from plain decoding: always,
 the shortest draft, which measures the first draft's acceptance again), so a change in acceptance or cost is seen at
 a bounded price.

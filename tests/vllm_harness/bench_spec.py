@@ -151,7 +151,8 @@ def main() -> None:
                       "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
                       "vs_plain": round(statistics.median(ratios), 3),
                       "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-                      "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"])) for b, r in zip(base, rs))}
+                      "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"]))
+                                       for b, r in zip(base, rs))}
     print(json.dumps(result, indent=2))
 
 
