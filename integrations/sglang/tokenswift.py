@@ -4,6 +4,7 @@ trees in NGRAM's verify format; ``docs/tokenswift.md`` has the rest."""
 from __future__ import annotations
 
 import logging
+from contextlib import nullcontext
 from unittest.mock import patch
 
 import numpy as np
@@ -149,9 +150,9 @@ def adaptive(worker):
             k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
-            with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)), patch.object(
-                    ngram_worker, "move_accept_tokens_to_target_kvcache",  # k = 0: the K/V lie where they belong
-                    (lambda *a: None) if k == 0 else ngram_worker.move_accept_tokens_to_target_kvcache):
+            kept = patch.object(ngram_worker, "move_accept_tokens_to_target_kvcache", lambda *a: None) if k == 0 \
+                else nullcontext()  # k = 0: the root's K/V lie where the accepted token's belong
+            with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)), kept:
                 out = super().forward_batch_generation(batch, **kwargs)
             tokens = out.next_token_ids.view(-1, k + 1)  # [bs, k + 1] -> [bs, D], as the scheduler reads them
             out.next_token_ids = torch.cat([tokens, tokens.new_zeros(len(tokens), full - k - 1)], 1).flatten()
