@@ -55,6 +55,22 @@ def test_dllm_cache_schedule_counts(model):
     assert c.token_layers == T * L  # only the first step computes anything
     c = generate(model, PROMPTS, CFG, cache="dllm:kp=3,kr=100,rho=0,first_layer=false").counters
     assert c.token_layers == (T + 2 * P) * L  # steps 3 and 6 refresh the prompt only
+    # first_layer_prompt=false: layer 0 refreshes the response alone, unless the prompt is due (both then)
+    c = generate(model, PROMPTS, CFG, cache="dllm:kp=4,kr=2,rho=0.25,first_layer_prompt=false").counters
+    layer0 = {s: T if s in (0, 4) else R for s in per_step}
+    assert c.token_layers == sum(layer0.values()) + sum(per_step.values()) * (L - 1)
+    assert c.v_only == 4 * R * (L - 1)
+
+
+def test_dllm_first_layer_prompt_is_the_reference_when_the_prompt_is_always_due(model):
+    """The prompt refreshed at every step: layer 0's refresh covers it either way (the same tokens); with it
+    refreshed rarely the response-only layer 0 is another approximation (it runs, and costs less)."""
+    base = generate(model, PROMPTS, CFG, cache="dllm:kp=1,kr=4,rho=0.25")
+    r = generate(model, PROMPTS, CFG, cache="dllm:kp=1,kr=4,rho=0.25,first_layer_prompt=false")
+    assert r.tokens.tolist() == base.tokens.tolist() and r.counters.token_layers == base.counters.token_layers
+    ref = generate(model, PROMPTS, CFG, cache="dllm:kp=100,kr=4,rho=0.25").counters
+    resp = generate(model, PROMPTS, CFG, cache="dllm:kp=100,kr=4,rho=0.25,first_layer_prompt=false").counters
+    assert resp.token_layers < ref.token_layers
 
 
 def test_dllm_cache_counting_tokens(model):

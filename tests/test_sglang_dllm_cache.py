@@ -52,7 +52,7 @@ CASES = [(*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5", True),
          (*LOWCONF, "dllm:kp=3,kr=2,rho=0.5", False),
          (*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5,first_layer=false,select=key", False),
          (*LOWCONF, "dllm:kp=2,kr=3,rho=0.25,per_block=true", True),
-         (*THRESHOLD, "dllm:kp=6,kr=3,rho=0.5,unit=tokens", True)]
+         (*THRESHOLD, "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false", True)]
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])

@@ -46,8 +46,8 @@ CASES = {
                         "dllm_cache": "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true"}, "slowfast",
                        "dllm:kp=4,kr=3,rho=0.25,select=key,per_block=true", BLOCK, BLOCK),
     "dllm_tokens": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
-                     "dllm_cache": "dllm:kp=6,kr=3,rho=0.5,unit=tokens"}, "threshold:tau=0.6",
-                    "dllm:kp=6,kr=3,rho=0.5,unit=tokens", BLOCK, BLOCK),
+                     "dllm_cache": "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false"},
+                    "threshold:tau=0.6", "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false", BLOCK, BLOCK),
     # a policy defined outside the engines (tests/toy_policy.py), served by its import path: the host contract
     "toy_policy": ({"dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK, "dllm_cache": TOY},
                    "threshold:tau=0.6", TOY, BLOCK, BLOCK),

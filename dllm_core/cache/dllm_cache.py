@@ -167,12 +167,15 @@ class DLLMCache(LayerSchedule):
     """``kp``/``kr``: prompt/response refresh intervals; ``rho``: fraction of response tokens
     recomputed by the adaptive update; ``select``: value (V-verify) | key | random;
     ``metric``: cosine | l2; ``first_layer``: always refresh layer 0 (reference behaviour);
+    ``first_layer_prompt``: that refresh covers the prompt too (the reference; false: the response alone, the
+    prompt at its own ``kp`` schedule - a few-shot prompt is most of the canvas);
     ``per_block``: restart the step counter at each block (the reference runs it across blocks)."""
 
     name: ClassVar[str] = "dllm"
     kp: int = 50
     kr: int = 7
     unit: str = "steps"
+    first_layer_prompt: bool = True
 
     def __post_init__(self):
         for n in ("kp", "kr"):
@@ -199,6 +202,8 @@ class DLLMCache(LayerSchedule):
         """What step ``c`` recomputes in ``layer``: full | prompt | response | adaptive (``due``: the parts
         refreshed at this step, by tokens; default: by steps, every ``kp`` / ``kr``)."""
         p, r = due if due is not None else (c % self.kp == 0, c % self.kr == 0)
-        if c == 0 or (self.first_layer and layer == 0) or (p and r):
+        if c == 0 or (p and r):
             return "full"
+        if self.first_layer and layer == 0:
+            return "full" if p or self.first_layer_prompt else "response"
         return "prompt" if p else "response" if r else "adaptive"
