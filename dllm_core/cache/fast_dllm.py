@@ -63,14 +63,17 @@ class PrefixState(CacheState):
             a, b = min(a_ref, a), b if bc else T
         p = torch.arange(a, b, device=x.device).expand(x.shape[0], -1)  # [B, n] absolute positions
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, n]
-        if all_refresh if any_refresh else all_cover:
+        whole = all_refresh if any_refresh else all_cover  # every row writes all of [a, b)
+        if whole:
             keep = torch.ones_like(keep)
-        h = self._window_run(x[:, a:b], self.canvas.pos[:, a:b], p, keep, self.canvas.attn(a, b))
+        at, keep = (a, None) if whole and not self.use_graphs else (p, keep)  # eager: a slice write, no scatter
+        h = self._window_run(x[:, a:b], self.canvas.pos[:, a:b], at, keep, self.canvas.attn(a, b))
         self._count(b - a)
         return h[:, need[0] - a:need[1] - a]
 
     def _window(self, ids, pos, at, keep, mask):
-        """ids/pos/at/keep [B, n], mask [B, 1, 1|n, T] -> hidden [B, n, d]; K/V written at ``at`` where ``keep``."""
+        """ids/pos/keep [B, n], ``at`` [B, n] or the window's start, mask [B, 1, 1|n, T] -> hidden [B, n, d]; K/V
+        written at ``at`` where ``keep`` (None: everywhere)."""
         m = self.model
         h, rope = m.embed(ids), m.rope(pos)
         for layer, kv in zip(m.layers, self.kv):
