@@ -194,8 +194,8 @@ BAD = [("FastDllmThreshold", "cache: triple",
         r"FastDllmThreshold\.cache: unknown policy 'triple'; allowed: \['canvas', 'dllm', 'dual', 'none', 'prefix'\]"),
        ("DllmCore", "cache: 'dllm:kp=0'", r"DllmCore\.cache\.kp must be >= 1, got 0"),
        ("DllmCore", "cache: 'dllm:graphs=false'",
-        r"DllmCore\.cache: dllm has no option 'graphs'; allowed: \['first_layer', 'first_layer_prompt', 'kp', 'kr', 'metric', "
-        r"'per_block', 'rho', 'seed', 'select', 'unit'\]"),
+        r"DllmCore\.cache: dllm has no option 'graphs'; allowed: \['first_layer', 'first_layer_prompt', 'kp', "
+        r"'kr', 'metric', 'per_block', 'rho', 'seed', 'select', 'unit'\]"),
        ("SlowFast", "cache: 'dual:every=-1'", r"SlowFast\.cache\.every must be >= 0 \(0 = refresh only per block\), "
                                               r"got -1"),
        ("SlowFast", "cache: 'prefix:every=x'", r"SlowFast\.cache prefix\.every: cannot parse 'x' as int"),
