@@ -64,9 +64,10 @@ class PrefixState(CacheState):
         p = torch.arange(a, b, device=x.device).expand(x.shape[0], -1)  # [B, n] absolute positions
         keep = active[:, None] & (refresh[:, None] | ((p >= lo[:, None]) & (p < hi[:, None])))  # [B, n]
         whole = all_refresh if any_refresh else all_cover  # every row writes all of [a, b)
-        if whole:
-            keep = torch.ones_like(keep)
-        at, keep = (a, None) if whole and not self.use_graphs else (p, keep)  # eager: a slice write, no scatter
+        if whole and not self.use_graphs:
+            at, keep = a, None  # eager: a slice write, no scatter
+        else:
+            at, keep = p, torch.ones_like(keep) if whole else keep
         h = self._window_run(x[:, a:b], self.canvas.pos[:, a:b], at, keep, self.canvas.attn(a, b))
         self._count(b - a)
         return h[:, need[0] - a:need[1] - a]
