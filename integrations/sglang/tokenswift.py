@@ -105,7 +105,7 @@ def worker_class(server_args=None):
             extend = not batch.forward_mode.is_decode()
             lens = list(batch.extend_lens) if extend and batch.extend_lens is not None else None
             self.drafter.erase(self._prev_decode_rids - set(rids) if not extend else ())  # left the batch
-            out = super().forward_batch_generation(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
+            out = self._verify(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
             if self._hidden is not None and self.drafter.heads is not None:
                 if extend and lens is not None:
                     for rid, e in zip(rids, np.cumsum(lens)):
@@ -114,6 +114,9 @@ def worker_class(server_args=None):
                     for rid, h in zip(rids, self._hidden.split(self.draft_token_num)):
                         self.drafter.set_hidden(rid, h)
             return out
+
+        def _verify(self, batch, **kwargs):
+            return super().forward_batch_generation(batch, **kwargs)
 
     if getattr(server_args, "speculative_adaptive", False):
         return adaptive(TokenSwiftWorker)
@@ -159,10 +162,45 @@ def adaptive(worker):
             out.next_draft_input.accept_tokens, out.next_draft_input.draft_token_num = out.next_token_ids, full
             return out
 
+        def _verify(self, batch, on_publish=None, **kwargs):
+            if self.draft_token_num > 1 or batch.return_logprob or batch.has_grammar:
+                return super()._verify(batch, on_publish=on_publish, **kwargs)
+            return plain_step(self, batch, on_publish)
+
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)
 
     return AdaptiveTokenSwiftWorker
+
+
+STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
+
+
+def plain_step(worker, batch, on_publish=None):
+    """k = 0 without the verify machinery: SGLang's plain decode forward (``DECODE``: one token per request at its
+    next slot, the target worker's own sampling), handed back as NGRAM's verify of the root alone."""
+    from sglang.srt.speculative import ngram_worker as ngram
+
+    roots, _ = worker._prepare_draft_tokens(batch)  # [bs]: each request's last token
+    kept = {a: getattr(batch, a) for a in STEP}
+    batch.input_ids = torch.from_numpy(roots).to(worker.device)
+    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].long()
+    batch.seq_lens, batch.seq_lens_cpu = kept["seq_lens"] + 1, kept["seq_lens_cpu"] + 1  # as prepare_for_decode
+    batch.orig_seq_lens, batch.seq_lens_sum, batch.spec_info = kept["orig_seq_lens"] + 1, None, None
+    try:
+        out = worker.target_worker.forward_batch_generation(batch)
+    finally:
+        for a, v in kept.items():
+            setattr(batch, a, v)
+    tokens, lens, new_lens = out.next_token_ids.int(), torch.ones_like(batch.seq_lens, dtype=torch.int32), batch.seq_lens + 1
+    if on_publish is not None:
+        on_publish(new_lens)
+    worker._prev_decode_rids = {r.rid for r in batch.reqs}
+    return ngram.GenerationBatchResult(
+        logits_output=out.logits_output, next_token_ids=tokens, can_run_cuda_graph=out.can_run_cuda_graph,
+        accept_lens=lens, new_seq_lens=new_lens, speculative_num_draft_tokens=worker.speculative_num_draft_tokens,
+        next_draft_input=ngram.NgramVerifyInput(draft_token_num=1, new_seq_lens=new_lens, accept_tokens=tokens,
+                                                accept_lens=lens))
 
 
 def register() -> None:
