@@ -38,6 +38,26 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
         vars(worker).update(kept)
 
 
+STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
+
+
+def decode_forward(target_worker, batch, input_ids, **kwargs):
+    """A speculative decode step without drafts as SGLang's plain decode forward: ``ForwardMode.DECODE``, one token per
+    request (``input_ids`` [bs]) at its next KV slot (allocated by the speculative scheduler), the target worker's own
+    sampling; the batch is left as it came (the scheduler advances it from the result)."""
+    kept = {a: getattr(batch, a) for a in STEP}
+    lens_cpu = kept["seq_lens_cpu"] if kept["seq_lens_cpu"] is not None else kept["seq_lens"].cpu()
+    batch.input_ids = input_ids
+    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].long()
+    batch.seq_lens, batch.seq_lens_cpu = kept["seq_lens"] + 1, lens_cpu + 1  # as prepare_for_decode
+    batch.orig_seq_lens, batch.seq_lens_sum, batch.spec_info = kept["orig_seq_lens"] + 1, None, None
+    try:
+        return target_worker.forward_batch_generation(batch, **kwargs)
+    finally:
+        for a, v in kept.items():
+            setattr(batch, a, v)
+
+
 def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
     """AFTER ``SpeculativeAlgorithm.create_worker``: DFLASH's worker at the adaptive length (the flag as given)."""
     if not (server_args.speculative_adaptive and algorithm.is_dflash()):
@@ -71,6 +91,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 **dict.fromkeys(WIDTH), "_accept_bonus_buffer_cap": 0, "_accept_bonus_buffer_slot": 0,
                 "block_size": k + 1, "_block_pos_offsets": build_block_pos_offsets(length=k + 1, device=self.device),
                 "_draft_block_spec_info": make_draft_block_spec_info(draft_token_num=k + 1, device=self.device)}
+            if k == 0 and not (batch.return_logprob or batch.has_grammar or self._need_mamba_verify_commit):
+                return self.plain_step(batch, kwargs.get("on_publish"))
             if k == 0:  # no drafts: the drafter's query forward is skipped (its context is appended after verify)
                 runner.forward = lambda fb, *a, **kw: SimpleNamespace(can_run_graph=False, logits_output=(
                     SimpleNamespace(hidden_states=torch.empty(fb.batch_size, 1, device=self.device))))
@@ -81,6 +103,29 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             finally:
                 vars(runner).pop("forward", None)
                 self.draft_model.set_block_size(full)
+
+        def plain_step(self, batch, on_publish=None):
+            """k = 0 as SGLang's plain decode forward (``decode_forward``) with the target's hidden states captured,
+            appended to the drafter's KV cache at the token's slot as after a verify; handed back as a verify of the
+            bonus token alone."""
+            from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+            from sglang.srt.speculative.dflash_worker_v2 import GenerationBatchResult
+
+            positions = batch.seq_lens.long()  # [bs]: the bonus token's position
+            out = decode_forward(self.target_worker, batch, batch.spec_info.bonus_tokens.view(-1),
+                                 capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True)
+            plan, out.kv_loc_plan = out.kv_loc_plan, None
+            hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
+            self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden, cache_loc=self._draft_write_ids(plan),
+                                                          positions=positions)
+            tokens, new_lens = out.next_token_ids, batch.seq_lens + 1
+            if on_publish is not None:
+                on_publish(new_lens)
+            return GenerationBatchResult(
+                logits_output=out.logits_output, next_token_ids=tokens, can_run_cuda_graph=out.can_run_cuda_graph,
+                accept_lens=torch.ones_like(batch.seq_lens, dtype=torch.int32), speculative_num_draft_tokens=1,
+                new_seq_lens=new_lens, next_draft_input=self._make_next_draft_input_decode(bonus_tokens=tokens,
+                                                                                          new_seq_lens=new_lens))
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)  # a decode step's result, in step order

@@ -173,25 +173,14 @@ def adaptive(worker):
     return AdaptiveTokenSwiftWorker
 
 
-STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
-
-
 def plain_step(worker, batch, on_publish=None):
-    """k = 0 without the verify machinery: SGLang's plain decode forward (``DECODE``: one token per request at its
-    next slot, the target worker's own sampling), handed back as NGRAM's verify of the root alone."""
+    """k = 0 as SGLang's plain decode forward (``spec.decode_forward``), handed back as NGRAM's verify of the root."""
     from sglang.srt.speculative import ngram_worker as ngram
 
+    from .spec import decode_forward
+
     roots, _ = worker._prepare_draft_tokens(batch)  # [bs]: each request's last token
-    kept = {a: getattr(batch, a) for a in STEP}
-    batch.input_ids = torch.from_numpy(roots).to(worker.device)
-    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].long()
-    batch.seq_lens, batch.seq_lens_cpu = kept["seq_lens"] + 1, kept["seq_lens_cpu"] + 1  # as prepare_for_decode
-    batch.orig_seq_lens, batch.seq_lens_sum, batch.spec_info = kept["orig_seq_lens"] + 1, None, None
-    try:
-        out = worker.target_worker.forward_batch_generation(batch)
-    finally:
-        for a, v in kept.items():
-            setattr(batch, a, v)
+    out = decode_forward(worker.target_worker, batch, torch.from_numpy(roots).to(worker.device))
     tokens, lens, new_lens = out.next_token_ids.int(), torch.ones_like(batch.seq_lens, dtype=torch.int32), batch.seq_lens + 1
     if on_publish is not None:
         on_publish(new_lens)
