@@ -626,3 +626,18 @@ def test_adaptive_speculative_equals_ar(target, trained_drafter, text_prompts, c
             assert set(s.accept_lengths) == {1}  # plain steps only
     measured = {k for _, k in lengths.time}  # step times reported for the lengths run
     assert (measured == {0}) if candidates == (0,) else ({0, 1} <= measured)
+
+
+def test_median_interval_is_the_binomial_order_statistics():
+    """The benchmark drivers' 95 % interval for the median of paired rounds: x_(2)..x_(9) of 10 rounds (coverage
+    1 - 2 * 11 / 1024), x_(4)..x_(12) of 15, the range of 6 (1 - 2 / 64); with 5 rounds no pair of order statistics
+    reaches 95 %, and the range is given."""
+    from dllm_core.drafters.bench import median_interval
+
+    rounds = [0.93, 1.08, 0.71, 1.02, 0.99, 1.31, 0.88, 1.05, 0.97, 1.12, 0.95, 1.01, 0.84, 1.2, 1.0]
+    assert median_interval(rounds[:10]) == (0.88, 1.12)
+    assert median_interval(rounds) == (0.93, 1.08)
+    assert median_interval(rounds[:6]) == (0.71, 1.31)
+    assert median_interval(rounds[:5]) == (0.71, 1.08)
+    with pytest.raises(ValueError, match="no values"):
+        median_interval([])

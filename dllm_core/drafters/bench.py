@@ -3,11 +3,28 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import replace
 
 from .adaptive import AdaptiveDraft, DraftLength
 from .sampling import SamplingParams, add_sampling_args
 from .speculative import SpecConfig, ar_generate, speculative_generate
+
+
+def median_interval(values, level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of independent paired-round ``values`` (ratios to a baseline):
+    the order statistics x_(j) and x_(n+1-j), j the largest with 2 P(Binomial(n, 1/2) < j) <= 1 - ``level``; with
+    fewer than 6 rounds (no such j at 95 %) the range, which then covers the median with less than ``level``."""
+    xs, n = sorted(values), len(values)
+    if not n:
+        raise ValueError("median_interval: no values")
+    j, tail = 0, 0.0  # tail: P(B <= j - 1) ... P(B <= j), B ~ Binomial(n, 1/2)
+    while True:
+        tail += math.comb(n, j) / 2 ** n
+        if 2 * tail > 1 - level:
+            break
+        j += 1
+    return (xs[j - 1], xs[n - j]) if j else (xs[0], xs[-1])
 
 
 def compare(target, drafter, prompts: list[list[int]], cfg: SpecConfig, warmup: bool = True,

@@ -71,8 +71,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
 
     class AdaptiveDFlashWorker(result):
         """Each decode step runs SGLang's own decode path at a verify width of k + 1, k from the core's
-        ``DraftLength`` (measured by a ``StepClock``); at k = 0 the drafter's forward is skipped, so the step is the
-        target's plain decode, whose hidden states still enter the drafter's KV cache."""
+        ``DraftLength`` (measured by a ``StepClock``); k = 0 is SGLang's plain decode forward (``plain_step``), whose
+        hidden states still enter the drafter's KV cache."""
 
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)

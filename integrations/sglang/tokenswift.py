@@ -181,7 +181,8 @@ def plain_step(worker, batch, on_publish=None):
 
     roots, _ = worker._prepare_draft_tokens(batch)  # [bs]: each request's last token
     out = decode_forward(worker.target_worker, batch, torch.from_numpy(roots).to(worker.device))
-    tokens, lens, new_lens = out.next_token_ids.int(), torch.ones_like(batch.seq_lens, dtype=torch.int32), batch.seq_lens + 1
+    tokens, new_lens = out.next_token_ids.int(), batch.seq_lens + 1
+    lens = torch.ones_like(tokens)
     if on_publish is not None:
         on_publish(new_lens)
     worker._prev_decode_rids = {r.rid for r in batch.reqs}

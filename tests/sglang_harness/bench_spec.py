@@ -16,7 +16,8 @@ a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" coun
 by side (an idle one sleeps), and at each number of requests in flight (``--concurrency 1,4,16,64``: the prompts sent
 that many at a time) every server takes a warm-up pass (the adaptive one measures its lengths at that batch size, as
 a running server has) and then R rounds, in ABBA order (the servers in turn, reversed every other round): requests/s
-(median over rounds), the median over rounds of each server's ratio to the first in the same round (and its range),
+(median over rounds), the median over rounds of each server's ratio to the first in the same round (its range, a
+distribution-free 95 % interval for that median - ``dllm_core.drafters.bench.median_interval`` - and each round's),
 the same per CPU second of each server's scheduler process (the process that runs every forward: on a shared machine
 other processes' load inflates wall time, not this), and answers identical to the first's in every round:
 
@@ -38,6 +39,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "examples")]
 
 from server import SGLangServer  # noqa: E402
+from dllm_core.drafters.bench import median_interval  # noqa: E402
 from sglang_spec_bench import measure, run, table, task_prompts  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
@@ -93,6 +95,8 @@ def rounds(names: list[str], prompts, max_new: int, concurrency: list[int], n_ro
                 "requests_per_s": round(statistics.median(len(prompts) / p[name]["seconds"] for p in passes), 2),
                 "vs_first": round(statistics.median(ratios[name]), 3),
                 "vs_first_range": [round(ratios[name][0], 3), round(ratios[name][-1], 3)],
+                "vs_first_interval": [round(x, 3) for x in median_interval(ratios[name])],
+                "vs_first_rounds": [round(p[names[0]]["seconds"] / p[name]["seconds"], 3) for p in passes],
                 "requests_per_cpu_s": round(statistics.median(len(prompts) / p[name]["cpu_seconds"] for p in passes),
                                             2),
                 "vs_first_cpu": round(cpu[name], 3),

@@ -17,7 +17,8 @@ faster or slower than another of the same mode):
         --restart --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
 
 Reported: requests/s and tokens/s (median over rounds), the ratio to plain (median of the rounds' paired ratios,
-with its range) and the answers identical to plain's (greedy, float32).
+with its range, a distribution-free 95 % interval for that median - ``dllm_core.drafters.bench.median_interval`` -
+and each round's ratio) and the answers identical to plain's (greedy, float32).
 """
 from __future__ import annotations
 
@@ -141,6 +142,8 @@ def main() -> None:
                     runs[c][m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
     finally:
         stop(procs)
+    from dllm_core.drafters.bench import median_interval
+
     result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "restart": a.restart,
               "multiprocess": a.multiprocess, "prompts": len(runs[conc[0]]["plain"][0]["answers"]), "table": {}}
     for c in conc:
@@ -151,6 +154,8 @@ def main() -> None:
                       "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
                       "vs_plain": round(statistics.median(ratios), 3),
                       "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
+                      "vs_plain_interval": [round(x, 3) for x in median_interval(ratios)],
+                      "vs_plain_rounds": [round(b["seconds"] / r["seconds"], 3) for b, r in zip(base, rs)],
                       "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"]))
                                        for b, r in zip(base, rs))}
     print(json.dumps(result, indent=2))
