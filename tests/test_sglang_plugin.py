@@ -126,6 +126,19 @@ def test_no_cache_option_serves_the_whole_response(ckpt, tmp_path):
     assert type(get_algorithm(cfg).whole).__name__ == "ResponseHost"
 
 
+def test_a_launch_file_reads_floats_without_a_dot_as_numbers(tmp_path):
+    """``1e-06`` (how ``json.dumps`` writes small floats; YAML 1.2's floats) is a number in a launch file, as 0.001
+    is; quoted, it stays a string."""
+    from dllm_core.engine.host_options import read_mapping
+
+    f = tmp_path / "a.json"
+    f.write_text(json.dumps({"margin": 1e-06, "tau": 0.5, "n": 3, "name": "1e-3x"}))
+    assert read_mapping(str(f), "--x") == {"margin": 1e-06, "tau": 0.5, "n": 3, "name": "1e-3x"}
+    f.write_text("margin: 1e-3\nk: -2E+2\nname: '1e-3'\nsize: 12\n")
+    got = read_mapping(str(f), "--x")
+    assert got == {"margin": 0.001, "k": -200.0, "name": "1e-3", "size": 12} and type(got["size"]) is int
+
+
 BAD = [("SlowFast", "k: 0", r"SlowFast\.k must be >= 1, got 0"),
        ("SlowFast", "tau: 0.5", r"SlowFast has no option 'tau'; allowed: \[.*'high', 'k', 'k_fast'.*'temperature'"),
        ("SlowFast", "stat: median", r"SlowFast\.stat must be one of \['std', 'var'\], got 'median'"),

@@ -11,6 +11,7 @@ A host supplies its vocabulary (``Served.prefix``, the ``where`` of every error)
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -91,16 +92,22 @@ class Served:
 
 
 def read_mapping(path: str | None, flag: str) -> dict:
-    """The YAML mapping at ``path`` ({} when none was given); errors name ``flag``."""
+    """The YAML (or JSON) mapping at ``path`` ({} when none was given); errors name ``flag``. A float written without
+    a dot (``1e-3``: JSON's and YAML 1.2's spelling, which PyYAML's YAML 1.1 reads as a string) is a number."""
     if path is None:
         return {}
     import yaml
 
+    class Loader(yaml.SafeLoader):
+        pass
+
+    Loader.add_implicit_resolver("tag:yaml.org,2002:float", re.compile(r"^[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+$"),
+                                 list("-+0123456789"))
     p = Path(path)
     if not p.is_file():
         raise ValueError(f"{flag}: {path} does not exist")
     try:
-        cfg = yaml.safe_load(p.read_text()) or {}
+        cfg = yaml.load(p.read_text(), Loader) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{flag}: {path} is not valid YAML: {e}") from None
     if not isinstance(cfg, dict):
