@@ -87,13 +87,13 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             full, runner = self.block_size, self.draft_model_runner
             if prefill or k + 1 == full:
                 return super().forward_batch_generation(batch, *args, **kwargs)
+            if k == 0 and not (batch.return_logprob or batch.has_grammar or self._need_mamba_verify_commit):
+                return self.plain_step(batch, kwargs.get("on_publish"))
             fresh = lambda: {  # noqa: E731
                 **dict.fromkeys(WIDTH), "_accept_bonus_buffer_cap": 0, "_accept_bonus_buffer_slot": 0,
                 "block_size": k + 1, "_block_pos_offsets": build_block_pos_offsets(length=k + 1, device=self.device),
                 "_draft_block_spec_info": make_draft_block_spec_info(draft_token_num=k + 1, device=self.device)}
-            if k == 0 and not (batch.return_logprob or batch.has_grammar or self._need_mamba_verify_commit):
-                return self.plain_step(batch, kwargs.get("on_publish"))
-            if k == 0:  # no drafts: the drafter's query forward is skipped (its context is appended after verify)
+            if k == 0:  # (logprobs, a grammar) the drafter's query forward skipped, its context appended after verify
                 runner.forward = lambda fb, *a, **kw: SimpleNamespace(can_run_graph=False, logits_output=(
                     SimpleNamespace(hidden_states=torch.empty(fb.batch_size, 1, device=self.device))))
             self.draft_model.set_block_size(k + 1)
