@@ -41,6 +41,12 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
 
 
+def decodes_plainly(batch) -> bool:
+    """A step without drafts may run as ``decode_forward``: its batch asks for no logprobs and no grammar (those keep
+    the speculative verify of one token, which computes them)."""
+    return not (batch.return_logprob or batch.has_grammar)
+
+
 def decode_forward(target_worker, batch, input_ids, **kwargs):
     """A speculative decode step without drafts as SGLang's plain decode forward: ``ForwardMode.DECODE``, one token per
     request (``input_ids`` [bs]) at its next KV slot (allocated by the speculative scheduler), the target worker's own
@@ -87,7 +93,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             full, runner = self.block_size, self.draft_model_runner
             if prefill or k + 1 == full:
                 return super().forward_batch_generation(batch, *args, **kwargs)
-            if k == 0 and not (batch.return_logprob or batch.has_grammar or self._need_mamba_verify_commit):
+            if k == 0 and decodes_plainly(batch) and not self._need_mamba_verify_commit:
                 return self.plain_step(batch, kwargs.get("on_publish"))
             fresh = lambda: {  # noqa: E731
                 **dict.fromkeys(WIDTH), "_accept_bonus_buffer_cap": 0, "_accept_bonus_buffer_slot": 0,

@@ -134,7 +134,7 @@ def adaptive(worker):
     launch's width, as every other step's."""
     from sglang.srt.speculative import ngram_worker
 
-    from .spec import at_width, step_clock
+    from .spec import at_width, decodes_plainly, step_clock
 
     class AdaptiveTokenSwiftWorker(worker):
         def __init__(self, server_args, *args, **kwargs):
@@ -163,9 +163,9 @@ def adaptive(worker):
             return out
 
         def _verify(self, batch, on_publish=None, **kwargs):
-            if self.draft_token_num > 1 or batch.return_logprob or batch.has_grammar:
-                return super()._verify(batch, on_publish=on_publish, **kwargs)
-            return plain_step(self, batch, on_publish)
+            if self.draft_token_num == 1 and decodes_plainly(batch):
+                return plain_step(self, batch, on_publish)
+            return super()._verify(batch, on_publish=on_publish, **kwargs)
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)
