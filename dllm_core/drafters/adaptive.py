@@ -33,7 +33,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, fields
-from typing import Hashable, Mapping, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
 from ..options import check_min, check_range, check_value
 
@@ -114,6 +114,7 @@ class DraftLength:
         self.probing: dict[int, tuple[int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked)
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
+        self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
@@ -129,14 +130,17 @@ class DraftLength:
             s.append(si)
         return s
 
-    def expected_tokens(self, k: int) -> float:
-        """E(k): tokens a request gains from a step verifying k drafts (the bonus token included)."""
-        return sum(self.survival()[:k + 1])
+    def expected_tokens(self, k: int, s: Sequence[float] | None = None) -> float:
+        """Tokens a request gains per step verifying k drafts: E(k) (the bonus token included) times the share of a
+        request's steps that run while it lives, L / (L + E(k)) for answers of L tokens where a request runs one step
+        after its end (a host that dispatches a step before the previous result: ``count``'s ``ended``)."""
+        e = sum((self.survival() if s is None else s)[:k + 1])
+        return e if not self.answer[1] else e * self.answer[0] / (self.answer[0] + e * self.answer[1])
 
     def rates(self, batch: int) -> dict[int, float]:
         """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent)."""
         b, s = bucket(batch), self.survival()
-        return {k: sum(s[:k + 1]) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
+        return {k: self.expected_tokens(k, s) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
 
     def step_time(self, b: int, k: int) -> float | None:
         """Bucket ``b``'s time for k drafts: measured, or interpolated linearly in k from its two measured draft
@@ -205,10 +209,13 @@ class DraftLength:
         self.time[key] = min(times)
         self.count(k, accepted)
 
-    def count(self, k: int, accepted: Sequence[int]) -> None:
+    def count(self, k: int, accepted: Sequence[int], ended: int | None = None) -> None:
         """The drafts each request accepted in a step that verified ``k`` drafts each (a host that learns a step's
-        time and its acceptance apart)."""
+        time and its acceptance apart); ``ended``: the step's requests that had ended before it ran (given by a host
+        that knows it, with every step's acceptance, k = 0 included: the answers' length is then measured)."""
         d = self.opts.accept_decay
+        if ended is not None:
+            self.answer = (d * self.answer[0] + sum(a + 1 for a in accepted), d * self.answer[1] + ended)
         if k and accepted:
             for i in range(1, k + 1):
                 self.reached[i] = d * self.reached[i] + len(accepted)
@@ -220,14 +227,18 @@ class StepClock:
     since the previous report (a host that steps back to back: the loop's period). Two ways to report: ``done`` as a
     step ends (a host that knows its requests then: vLLM), or ``dispatched`` as it goes to the device and ``result``
     when its acceptance comes back, later steps possibly dispatched meanwhile (SGLang's overlap scheduling);
-    ``synchronous``: the device computes a step as it is dispatched (the host's CPU: its time is then this process's
-    CPU time, which other processes' load does not inflate), an asynchronous one in the background (wall time)."""
+    ``synchronous``: the device computes a step as it is dispatched (the host's CPU), an asynchronous one in the
+    background. Time is wall time (a CPU's process time counts a step's threads, not its throughput: it rated a short
+    plain step on two cores at 1.17x its wall time and a long verify at 1.05x).
+    ``kept`` (a host whose result comes before it cuts a request's tokens at its end - EOS, a stop, its token budget):
+    a request's output length as the host keeps it; a step's acceptance then counts the tokens each request kept
+    (drafts accepted past its end gain nothing), read at the next result."""
 
-    def __init__(self, lengths: DraftLength, synchronous: bool = False):
-        self.timer = time.process_time if synchronous else time.perf_counter
-        self.lengths, self.last, self.synchronous = lengths, self.timer(), synchronous
-        self.pending: deque[tuple[int, int] | None] = deque(maxlen=16)  # dispatched: (batch, k); None: a prefill
-        self.since: list[tuple[int, int] | None] = []  # dispatched since the previous result
+    def __init__(self, lengths: DraftLength, synchronous: bool = False, kept: Callable[[Any], int] | None = None):
+        self.lengths, self.last, self.synchronous, self.kept = lengths, time.perf_counter(), synchronous, kept
+        self.pending: deque[tuple | None] = deque(maxlen=16)  # dispatched: (batch, k, requests); None: a prefill
+        self.since: list[tuple | None] = []  # dispatched since the previous result
+        self.unsettled: tuple[int, Sequence, list[int]] | None = None  # (k, requests, kept lengths before) of a result
 
     def done(self, scheduled: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
              emitted: Mapping[Hashable, int], k: int | None = None, timed: bool = True) -> None:
@@ -246,10 +257,11 @@ class StepClock:
             else:
                 self.lengths.count(k, accepted)
 
-    def dispatched(self, batch: int) -> int:
-        """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill) -> its draft length."""
+    def dispatched(self, batch: int, requests: Sequence = ()) -> int:
+        """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill; ``requests``: the host's
+        handles of them, read by ``kept``) -> its draft length."""
         k = self.lengths.choose(batch) if batch else 0
-        self.pending.append((batch, k) if batch else None)
+        self.pending.append((batch, k, requests) if batch else None)
         self.since = self.since[:1] + [self.pending[-1]]  # (one step, or more than one)
         return k
 
@@ -264,14 +276,27 @@ class StepClock:
             prefill = True
         if step is None or step[0] != len(accepted):  # not a step dispatched here
             return
-        self.lengths.count(step[1], accepted)
+        if self.kept is None:
+            self.lengths.count(step[1], accepted)
+        else:
+            self.settle()
+            self.unsettled = step[1], step[2], [self.kept(r) for r in step[2]]
         if not self.synchronous:
             ran = None if prefill else step
         if ran is not None:
-            self.lengths.observe(*ran, seconds)
+            self.lengths.observe(*ran[:2], seconds)
+
+    def settle(self) -> None:
+        """Count the previous result's acceptance as the tokens its requests kept (a request that kept none had ended
+        before the step ran)."""
+        if self.unsettled is not None:
+            k, requests, before = self.unsettled
+            gains = [self.kept(r) - b for r, b in zip(requests, before)]
+            self.lengths.count(k, [g - 1 for g in gains if g > 0], sum(g <= 0 for g in gains))
+            self.unsettled = None
 
     def restart(self) -> float:
         """Restart the clock -> the seconds since the previous step."""
-        now = self.timer()
+        now = time.perf_counter()
         seconds, self.last = now - self.last, now
         return seconds

@@ -20,9 +20,12 @@ WIDTH = ("block_size", "_block_pos_offsets", "_draft_block_spec_info", "_draft_b
 
 def step_clock(server_args, max_draft: int, device) -> StepClock:
     """The core's draft length for one worker, its options from ``--speculative-adaptive-config``."""
+    from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
+
     opts = read_mapping(server_args.speculative_adaptive_config, OPTION)
     cpu = torch.device(device).type == "cpu"
-    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu)
+    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu,
+                     kept=SchedulerBatchResultProcessor._visible_output_len)  # (the result comes before the cut)
 
 
 @contextmanager
@@ -89,7 +92,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
-            k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens))
+            k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens), batch.reqs)
             full, runner = self.block_size, self.draft_model_runner
             if prefill or k + 1 == full:
                 return super().forward_batch_generation(batch, *args, **kwargs)

@@ -150,7 +150,7 @@ def adaptive(worker):
 
         def forward_batch_generation(self, batch, **kwargs):
             decode, full = batch.forward_mode.is_decode(), self.speculative_num_draft_tokens
-            k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0)
+            k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0, batch.reqs)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
             kept = patch.object(ngram_worker, "move_accept_tokens_to_target_kvcache", lambda *a: None) if k == 0 \
