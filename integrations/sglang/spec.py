@@ -41,6 +41,7 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
         vars(worker).update(kept)
 
 
+DEFERRED_ROWS = 2048  # plain steps' drafter context held at most (rows), written at once when reached
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
 
 
@@ -89,15 +90,18 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 raise ValueError("--speculative-adaptive with DFLASH: one rank (its own measured times decide) and a "
                                  "plain DFlash drafter (no selector, LiLiCorr or Domino head)")
             self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
+            self.dllm_deferred: list[tuple] = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
             k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens), batch.reqs)
             full, runner = self.block_size, self.draft_model_runner
+            if k == 0 and not prefill and decodes_plainly(batch) and not self._need_mamba_verify_commit:
+                return self.plain_step(batch, kwargs.get("on_publish"))
+            if not prefill:
+                self.catch_up(batch)
             if prefill or k + 1 == full:
                 return super().forward_batch_generation(batch, *args, **kwargs)
-            if k == 0 and decodes_plainly(batch) and not self._need_mamba_verify_commit:
-                return self.plain_step(batch, kwargs.get("on_publish"))
             fresh = lambda: {  # noqa: E731
                 **dict.fromkeys(WIDTH), "_accept_bonus_buffer_cap": 0, "_accept_bonus_buffer_slot": 0,
                 "block_size": k + 1, "_block_pos_offsets": build_block_pos_offsets(length=k + 1, device=self.device),
@@ -114,19 +118,22 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 self.draft_model.set_block_size(full)
 
         def plain_step(self, batch, on_publish=None):
-            """k = 0 as SGLang's plain decode forward (``decode_forward``) with the target's hidden states captured,
-            appended to the drafter's KV cache at the token's slot as after a verify; handed back as a verify of the
-            bonus token alone."""
+            """k = 0 as SGLang's plain decode forward (``decode_forward``) with the target's hidden states captured for
+            the drafter's KV cache at the token's slot (deferred to the next draft: ``catch_up``); handed back as a
+            verify of the bonus token alone."""
             from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
             from sglang.srt.speculative.dflash_worker_v2 import GenerationBatchResult
 
             positions = batch.seq_lens.long()  # [bs]: the bonus token's position
+            slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, positions]  # [bs]
             out = decode_forward(self.target_worker, batch, batch.spec_info.bonus_tokens.view(-1),
                                  capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True)
             plan, out.kv_loc_plan = out.kv_loc_plan, None
             hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
-            self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden, cache_loc=self._draft_write_ids(plan),
-                                                          positions=positions)
+            self.dllm_deferred.append((hidden.clone(), slots, self._draft_write_ids(plan), positions,
+                                       [r.rid for r in batch.reqs]))
+            if sum(len(d[4]) for d in self.dllm_deferred) >= DEFERRED_ROWS:
+                self.catch_up(batch)
             tokens, new_lens = out.next_token_ids, batch.seq_lens + 1
             if on_publish is not None:
                 on_publish(new_lens)
@@ -135,6 +142,20 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 accept_lens=torch.ones_like(batch.seq_lens, dtype=torch.int32), speculative_num_draft_tokens=1,
                 new_seq_lens=new_lens, next_draft_input=self._make_next_draft_input_decode(bonus_tokens=tokens,
                                                                                           new_seq_lens=new_lens))
+
+        def catch_up(self, batch):
+            """Append the plain steps' deferred context to the drafter's KV cache in one write, for the rows whose
+            request is in ``batch`` and still holds that KV slot at that position (not retracted since)."""
+            if not self.dllm_deferred:
+                return
+            hidden, slots, locs, pos = (torch.cat(x) for x in list(zip(*self.dllm_deferred))[:4])
+            at = {r.rid: i for i, r in enumerate(batch.reqs)}
+            rows = [(j, at[rid]) for j, rid in enumerate(r for d in self.dllm_deferred for r in d[4]) if rid in at]
+            self.dllm_deferred = []
+            j, i = torch.tensor(rows, dtype=torch.long, device=self.device).view(-1, 2).T  # [n] each
+            held = batch.req_to_token_pool.req_to_token[batch.req_pool_indices[i].long(), pos[j]] == slots[j]
+            j = j[held]
+            self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden[j], cache_loc=locs[j], positions=pos[j])
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)  # a decode step's result, in step order
