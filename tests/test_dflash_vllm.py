@@ -186,6 +186,9 @@ def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     table.asked.extend([4, 4])
     table.done({"a": 4, "b": 1}, {"a": 3}, {"a": 1, "b": 1}, table.verified(), table.steady())
     assert table.lengths.time.keys() == {(2, 4)}  # the choice's cell: measured, not left to be asked forever
+    table = DraftLengths(AdaptiveDraft(4).new())
+    table.done({"a": 5, "b": 5}, {"a": 4, "b": 4}, {"a": 3, "b": 0})  # "b" ran after its end (async scheduling)
+    assert table.lengths.reached[1] == 1 and table.lengths.answer == (3, 1)  # a step past its answer, not a rejection
 
 
 def _patched_in_this_process(out) -> None:

@@ -209,13 +209,15 @@ class DraftLength:
         self.time[key] = min(times)
         self.count(k, accepted)
 
-    def count(self, k: int, accepted: Sequence[int], ended: int | None = None) -> None:
+    def count(self, k: int, accepted: Sequence[int], ended: int | None = None, kept: int | None = None) -> None:
         """The drafts each request accepted in a step that verified ``k`` drafts each (a host that learns a step's
-        time and its acceptance apart); ``ended``: the step's requests that had ended before it ran (given by a host
-        that knows it, with every step's acceptance, k = 0 included: the answers' length is then measured)."""
+        time and its acceptance apart); ``ended``: the step's requests that had ended before it ran, ``kept``: the
+        tokens the others kept (default: their accepted drafts + 1 each), given by a host that knows them for every
+        step, k = 0 included: the answers' length is then measured."""
         d = self.opts.accept_decay
         if ended is not None:
-            self.answer = (d * self.answer[0] + sum(a + 1 for a in accepted), d * self.answer[1] + ended)
+            kept = sum(a + 1 for a in accepted) if kept is None else kept
+            self.answer = (d * self.answer[0] + kept, d * self.answer[1] + ended)
         if k and accepted:
             for i in range(1, k + 1):
                 self.reached[i] = d * self.reached[i] + len(accepted)
@@ -251,11 +253,11 @@ class StepClock:
         seconds = self.restart()
         k = max(drafts.values(), default=0) if k is None else k
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
-            accepted = [emitted[r] - 1 for r in drafts if r in emitted]
+            live = [r for r in scheduled if emitted.get(r, 0) > 0]  # (none emitted: scheduled after its end, async)
             if timed:
-                self.lengths.observe(len(scheduled), k, seconds, accepted if k else ())
-            else:
-                self.lengths.count(k, accepted)
+                self.lengths.observe(len(scheduled), k, seconds)
+            self.lengths.count(k, [emitted[r] - 1 for r in drafts if r in live], len(scheduled) - len(live),
+                               sum(emitted[r] for r in live))
 
     def dispatched(self, batch: int, requests: Sequence = ()) -> int:
         """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill; ``requests``: the host's
