@@ -7,9 +7,12 @@ Cost model (``docs/dflash.md`` "Adaptive draft length"). With b requests in the 
     speculative step   time T(b, k)      tokens per request E(k) = 1 + sum_{i=1..k} s_i
                        (drafter forward + target verify over b (k + 1) tokens)
 
-where s_i is the measured probability that the first i drafts are all accepted. The policy picks the k of the
-candidates with the most tokens per second, E(k) / T(b, k), and k = 0 unless that beats plain decoding by
-``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
+where s_i is the measured probability that the first i drafts are all accepted, counted in the tokens the host kept
+(drafts accepted past an answer's end gain nothing). Where a host runs a request one step past its end (it
+dispatches a step before the previous result), a request's answer of L tokens takes L / E(k) + 1 steps, so a step
+gains E(k) L / (L + E(k)) per request, L measured (tokens kept per step run after an end). The policy picks the k
+of the candidates with the most tokens per second, that gain over T(b, k), and k = 0 unless that beats plain
+decoding by ``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
 (``observe``); per batch-size bucket (powers of two) and k the last ``time_window`` step times are kept and T is
 their minimum (a step is never faster than its work), so the policy follows the host's real costs (a GPU verify
 that is free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection,
