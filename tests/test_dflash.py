@@ -617,10 +617,10 @@ def overlapped_waves(p: float, kept: bool, k: int | None = None, waves: int = 6)
     from dllm_core.drafters import adaptive
 
     now, lengths = [0.0], {}
-    clock = adaptive.StepClock(AdaptiveDraft(15).new(per_request=True), True, kept=lengths.get if kept else None)
     total, real = 0.0, adaptive.time
     adaptive.time = SimpleNamespace(perf_counter=lambda: now[0])
     try:
+        clock = adaptive.StepClock(AdaptiveDraft(15).new(per_request=True), True, kept=lengths.get if kept else None)
         for w in range(waves):
             rng = random.Random(w)
             left, ended = {(w, i): 10 + rng.randint(0, 12) for i in range(64)}, []
