@@ -256,7 +256,7 @@ class StepClock:
         seconds = self.restart()
         k = max(drafts.values(), default=0) if k is None else k
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
-            live = [r for r in scheduled if emitted.get(r, 0) > 0]  # (none emitted: scheduled after its end, async)
+            live = {r for r in scheduled if emitted.get(r, 0) > 0}  # (none emitted: scheduled after its end, async)
             if timed:
                 self.lengths.observe(len(scheduled), k, seconds)
             self.lengths.count(k, [emitted[r] - 1 for r in drafts if r in live], len(scheduled) - len(live),
