@@ -51,14 +51,19 @@ def decodes_plainly(batch) -> bool:
     return not (batch.return_logprob or batch.has_grammar)
 
 
-def decode_forward(target_worker, batch, input_ids, **kwargs):
+def next_slots(batch):
+    """[bs]: each request's next KV slot (allocated by the speculative scheduler)."""
+    return batch.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens]
+
+
+def decode_forward(target_worker, batch, input_ids, slots=None, **kwargs):
     """A speculative decode step without drafts as SGLang's plain decode forward: ``ForwardMode.DECODE``, one token per
-    request (``input_ids`` [bs]) at its next KV slot (allocated by the speculative scheduler), the target worker's own
+    request (``input_ids`` [bs]) at its next KV slot (``slots``, default ``next_slots``), the target worker's own
     sampling; the batch is left as it came (the scheduler advances it from the result)."""
     kept = {a: getattr(batch, a) for a in STEP}
     lens_cpu = kept["seq_lens_cpu"] if kept["seq_lens_cpu"] is not None else kept["seq_lens"].cpu()
     batch.input_ids = input_ids
-    batch.out_cache_loc = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, batch.seq_lens].long()
+    batch.out_cache_loc = (next_slots(batch) if slots is None else slots).long()
     batch.seq_lens, batch.seq_lens_cpu = kept["seq_lens"] + 1, lens_cpu + 1  # as prepare_for_decode
     batch.orig_seq_lens, batch.seq_lens_sum, batch.spec_info = kept["orig_seq_lens"] + 1, None, None
     try:
@@ -125,8 +130,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             from sglang.srt.speculative.dflash_worker_v2 import GenerationBatchResult
 
             positions = batch.seq_lens.long()  # [bs]: the bonus token's position
-            slots = batch.req_to_token_pool.req_to_token[batch.req_pool_indices, positions]  # [bs]
-            out = decode_forward(self.target_worker, batch, batch.spec_info.bonus_tokens.view(-1),
+            slots = next_slots(batch)  # [bs]
+            out = decode_forward(self.target_worker, batch, batch.spec_info.bonus_tokens.view(-1), slots,
                                  capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True)
             plan, out.kv_loc_plan = out.kv_loc_plan, None
             hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
