@@ -96,6 +96,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                                  "plain DFlash drafter (no selector, LiLiCorr or Domino head)")
             self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
             self.dllm_deferred: list[tuple] = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
+            self.dllm_deferred_rows = 0
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
@@ -137,7 +138,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
             self.dllm_deferred.append((hidden.clone(), slots, self._draft_write_ids(plan), positions,
                                        [r.rid for r in batch.reqs]))
-            if sum(len(d[4]) for d in self.dllm_deferred) >= DEFERRED_ROWS:
+            self.dllm_deferred_rows += len(slots)
+            if self.dllm_deferred_rows >= DEFERRED_ROWS:
                 self.catch_up(batch)
             tokens, new_lens = out.next_token_ids, batch.seq_lens + 1
             if on_publish is not None:
@@ -156,7 +158,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             hidden, slots, locs, pos = (torch.cat(x) for x in list(zip(*self.dllm_deferred))[:4])
             at = {r.rid: i for i, r in enumerate(batch.reqs)}
             rows = [(j, at[rid]) for j, rid in enumerate(r for d in self.dllm_deferred for r in d[4]) if rid in at]
-            self.dllm_deferred = []
+            self.dllm_deferred, self.dllm_deferred_rows = [], 0
             j, i = torch.tensor(rows, dtype=torch.long, device=self.device).view(-1, 2).T  # [n] each
             held = batch.req_to_token_pool.req_to_token[batch.req_pool_indices[i].long(), pos[j]] == slots[j]
             j = j[held]
