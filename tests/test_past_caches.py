@@ -1,7 +1,7 @@
 """Past the published caches: DPad's suffix dropout (``dpad``) and Elastic-Cache-style adaptive refresh
 (``elastic``). Exact modes equal the plain loop token for token (tiny models and the shipped long-answer model);
 the approximate modes do the work they claim, rows are independent of their batch, and bad options name the
-option and its allowed values. Neither policy is served by the paged hosts (``host_gap``)."""
+option and its allowed values. The paged hosts serve ``elastic`` (not ``dpad``: its ``host_gap``)."""
 from pathlib import Path
 
 import numpy as np
@@ -150,20 +150,24 @@ def test_option_errors_name_the_option_and_allowed_values(spec, error):
     assert str(e.value) == error
 
 
-def test_hosts_refuse_the_policies_with_the_reason(llada2_dir):
-    """The paged hosts cannot express these plans (what is missing is in each policy's ``host_gap``); a block-causal
-    model has no suffix to drop or to cache stale."""
+def test_hosts_serve_elastic_and_refuse_dpad_with_the_reason(llada2_dir):
+    """The paged hosts serve ``elastic`` through the host contract (its drift test is the plan's probe; equalities
+    with the embedded engine: ``test_vllm_fast_dllm.py``, ``test_sglang_dllm_cache.py``) and cannot express DPad's
+    plan (what is missing is in its ``host_gap``); a block-causal model has no suffix to drop or to cache stale."""
     from dllm_core.engine.host_options import block_host_policy
 
     llada2 = load_model(llada2_dir)
-    with pytest.raises(ValueError, match=r"unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dual', 'none', 'prefix'\]"):
+    with pytest.raises(ValueError, match=r"unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dual', 'elastic', "
+                                         r"'none', 'prefix'\]"):
         block_host_policy("lru", "DllmCore.cache")
-    for spec, cls in (("dpad", DPadCache), ("elastic", ElasticCache)):
-        with pytest.raises(ValueError, match=f"--cache: {spec} runs in the embedded engine only"):
-            host_cache(spec)
-        assert cls.host_gap
-        with pytest.raises(ValueError, match=f"^DllmCore.cache: {spec} runs in the embedded engine only"):
-            block_host_policy(spec, "DllmCore.cache")
+    assert host_cache("elastic:gamma=0.7") == block_host_policy("elastic:gamma=0.7", "DllmCore.cache") == \
+        ElasticCache(gamma=0.7)
+    assert ElasticCache.host_gap is None and DPadCache.host_gap
+    with pytest.raises(ValueError, match="--cache: dpad runs in the embedded engine only"):
+        host_cache("dpad")
+    with pytest.raises(ValueError, match="^DllmCore.cache: dpad runs in the embedded engine only"):
+        block_host_policy("dpad", "DllmCore.cache")
+    for spec in ("dpad", "elastic"):
         with pytest.raises(ValueError, match=f"--cache {spec} is not available for the block-causal"):
             generate(llada2, [[20, 21, 22]], GenerationConfig(gen_length=8, block_length=llada2.block_causal,
                                                               cache=spec))

@@ -6,7 +6,7 @@ concurrently through SGLang's block scheduler (``response.py``: the per-request 
 window onto it); every step runs each request's whole sequence, per layer recomputing what
 ``DLLMCache.recomputes`` says at the request's own step counter. Each output equals the UNBATCHED
 ``generate(model, [prompt], GenerationConfig(..., cache="dllm:..."))`` (the embedded engine shares one
-step counter across a batch's rows).
+step counter across a batch's rows). The same for ``elastic`` (the executor's drift probe after each layer).
 """
 import pytest
 import torch
@@ -46,13 +46,16 @@ def reference(ref, spec, steps, cache):
 
 
 THRESHOLD = (FastDllmThreshold, {"tau": 0.7}, "threshold:tau=0.7", GEN)
+ELASTIC = "elastic:gamma=0.997,window=4,probe=1"  # a tiny model drifts little: some tests fail at 0.997
 LOWCONF = (DllmCore, {"sampler": "low_confidence", "steps": 12}, "low_confidence", 12)
 # (algorithm, YAML, reference sampler, reference steps, cache, FDFO)
 CASES = [(*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5", True),
          (*LOWCONF, "dllm:kp=3,kr=2,rho=0.5", False),
          (*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5,first_layer=false,select=key", False),
          (*LOWCONF, "dllm:kp=2,kr=3,rho=0.25,per_block=true", True),
-         (*THRESHOLD, "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false", True)]
+         (*THRESHOLD, "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false", True),
+         (*THRESHOLD, ELASTIC, True),  # Elastic-Cache-style: query rows, every position from a failing drift test
+         (*LOWCONF, ELASTIC, False)]
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -63,14 +66,15 @@ def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdf
     assert serve(sg, mask, cls, cfg, cache, fdfo) == reference(ref, spec, steps, cache)
 
 
+@pytest.mark.parametrize("case", [3, 6])
 @pytest.mark.parametrize("arch", ["llada", "dream"])
-def test_work_counters_equal_the_embedded_engine(models, arch):
+def test_work_counters_equal_the_embedded_engine(models, arch, case):
     """Each request's work equals the unbatched embedded run's (``Counters``): one forward per step, the
     rows the executor ran through the full layer summed over the layers (its ``tally``: prompt / response
     parts as ``recomputes`` says, the V-verify picks), (P + G) x n_layers per step as the uncached
     baseline. Prompt prefills run no layer and are not counted: no term differs."""
     sg, ref = models[arch]
-    cls, cfg, spec, steps, cache, fdfo = CASES[3]
+    cls, cfg, spec, steps, cache, fdfo = CASES[case]
     mask = ref.args.mask_token_id
     algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
     driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS)))
@@ -93,6 +97,8 @@ def test_exact_mode_is_uncached(models, arch):
     want = reference(ref, spec, GEN, "none")
     assert serve(sg, mask, SlowFast, cfg, "dllm:kp=1,kr=1", False) == want
     assert serve(sg, mask, SlowFast, cfg, "dllm:kp=3,kr=2,rho=0.5", True) != want
+    assert serve(sg, mask, SlowFast, cfg, "elastic:gamma=1", True) == want
+    assert serve(sg, mask, SlowFast, cfg, ELASTIC, False) != want
 
 
 def test_random_select_and_prompt_kv_in_pool(models):
@@ -135,7 +141,7 @@ def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
                     dllm_algorithm_config=str(tmp_path / "algo.yaml"))
     sa.resolve_once()
     view = resolving_view(sa)
-    assert view.disable_radix_cache and "cache dllm (dLLM-Cache)" in caplog.text
+    assert view.disable_radix_cache and "cache dllm rewrites each request's prefix K/V in place" in caplog.text
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED
     cfg = DllmConfig.from_server_args(sa)
     assert (cfg.policy().kp, cfg.policy().kr, cfg.policy().rho) == (4, 2, 0.25)

@@ -20,6 +20,7 @@ from toy_policy import TOY  # noqa: E402
 PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50, 51],
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 GEN, BLOCK = 24, 8
+ELASTIC = "elastic:gamma=0.997,window=4,probe=1"  # a tiny model drifts little: some tests fail at 0.997
 # name -> (extra_args (dllm_steps: the total over the response), reference sampler, reference cache, block length,
 # steps per block[, max_tokens])
 CASES = {
@@ -53,6 +54,13 @@ CASES = {
                    "threshold:tau=0.6", TOY, BLOCK, BLOCK),
     "dllm_exact": ({"dllm_cache": "dllm:kp=1,kr=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
                    "low_confidence", "none", BLOCK, 4),
+    # Elastic-Cache-style refresh: query rows in every layer, every position from a layer whose drift test fails
+    "elastic_threshold": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
+                           "dllm_cache": ELASTIC}, "threshold:tau=0.6", ELASTIC, BLOCK, BLOCK),
+    "elastic_stream": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK, "dllm_stream": True,
+                        "dllm_cache": ELASTIC}, "slowfast", ELASTIC, BLOCK, BLOCK),
+    "elastic_exact": ({"dllm_cache": "elastic:gamma=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
+                      "low_confidence", "none", BLOCK, 4),
     # streaming: each block is emitted when decoded; the next canvas is the rest of the response
     "dual_stream": ({"dllm_block_length": BLOCK, "dllm_steps": 12, "dllm_stream": True}, "low_confidence", "dual",
                     BLOCK, 4),
@@ -123,6 +131,7 @@ def test_the_caches_change_the_output(served):
     vanilla = reference(model, "threshold:tau=0.6", "none", BLOCK, BLOCK)
     assert outs["dual_threshold"] != vanilla or outs["prefix_threshold"] != vanilla
     assert outs["dllm_threshold"] != vanilla
+    assert outs["elastic_threshold"] != vanilla
 
 
 def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
@@ -133,7 +142,7 @@ def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
 
 
 @pytest.mark.parametrize("case", ["dual_threshold", "prefix_threshold", "dllm_threshold", "dual_stream",
-                                  "dllm_stream"])
+                                  "dllm_stream", "elastic_threshold", "elastic_stream"])
 def test_work_counters_equal_the_embedded_engine(served, case):
     """The host reports each request's work in the embedded engine's units: the same token-layer
     evaluations and vanilla baseline; vLLM's prompt prefill and its commit forwards run no layer

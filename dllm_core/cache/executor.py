@@ -252,17 +252,75 @@ class NoFeatures:
         pass
 
 
+class LayerProbe(Protocol):
+    """A policy's test of one request after each layer (Elastic-Cache's drift test). ``x`` [T, d] / ``pos`` [T]: the
+    layer's input rows of the request's positions [0, T), ``keys`` [T, Hkv*D] its K after the layer ran."""
+
+    def after(self, layer: int, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor,
+              keys: torch.Tensor) -> torch.Tensor | None:
+        """After ``layer`` ran by the plan: [] bool (True: run it again over every position of the request), or
+        None (no test)."""
+        ...
+
+    def refreshed(self, layer: int, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, keys: torch.Tensor) -> None:
+        """``layer`` ran again over every position of the request (its test said so)."""
+        ...
+
+
+@dataclass
+class Probed:
+    """A request's ``LayerProbe`` in one forward: its rows [T] (positions [0, T) in order) and its parts as
+    (group, region row) pairs, in position order."""
+
+    probe: LayerProbe
+    rows: torch.Tensor
+    members: list[tuple[int, int]]
+
+    def keys(self, groups: Sequence[CachedRows]) -> torch.Tensor:
+        return torch.cat([groups[g].feats.k[j] for g, j in self.members])  # [T, Hkv*D]
+
+
+def probed_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows], layer: int,
+                 probes: Sequence[Probed], generator: torch.Generator | None = None,
+                 tally: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Probed]]:
+    """``cached_layer``, then each request's probe (one device read for all); a request whose test fails runs the
+    layer again over every one of its positions (its features stored in ``groups`` in place). -> (x [N, d], the
+    requests that ran it again)."""
+    out = cached_layer(ops, x, pos, groups, generator, tally=tally)
+    tested = [(p, f) for p in probes
+              if (f := p.probe.after(layer, ops, x[p.rows], pos[p.rows], p.keys(groups))) is not None]
+    if not tested:
+        return out, []
+    fails = torch.stack([f for _, f in tested]).tolist()
+    again = [p for (p, _), f in zip(tested, fails) if f]
+    if not again:
+        return out, []
+    redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), [False] * len(g.verify), g.reuse, g.cand,
+                       g.dense) for g in groups]
+    for p in again:
+        for g, j in p.members:
+            redo[g].recompute[j] = True
+    out = cached_layer(ops, x, pos, redo, generator)  # (rows outside the groups run again: the same values)
+    for p in again:
+        if tally is not None:  # the rows the plan had not run
+            tally[p.rows] += ~torch.cat([groups[g].recompute[j] for g, j in p.members])
+        p.probe.refreshed(layer, ops, x[p.rows], pos[p.rows], p.keys(redo))
+    return out, again
+
+
 @dataclass
 class Region:
     """Cached regions of one host forward that share a policy: their rows [m, L] in the forward's
     flat token rows, their features (rows ``slots`` [m] of ``store``, the first L columns) and what
-    each layer recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``."""
+    each layer recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``. ``probe``: the
+    request's ``LayerProbe`` (one region of L = 1 row per part; a request's parts in position order)."""
 
     rows: torch.Tensor
     slots: torch.Tensor
     store: FeatureStore | NoFeatures
     reuse: FeatureReuse | None
     plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
+    probe: LayerProbe | None = None
 
 
 class CachedStep:
@@ -270,6 +328,12 @@ class CachedStep:
 
     def __init__(self, regions: Sequence[Region], generator: torch.Generator | None = None):
         self.regions, self.generator = list(regions), generator
+        probed: dict[int, Probed] = {}
+        for i, r in enumerate(self.regions):
+            if r.probe is not None:
+                p = probed.setdefault(id(r.probe), Probed(r.probe, r.rows[0][:0], []))
+                p.rows, p.members = torch.cat([p.rows, r.rows[0]]), p.members + [(i, 0)]
+        self.probes = list(probed.values())
 
     def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int,
               tally: torch.Tensor | None = None) -> torch.Tensor:
@@ -277,7 +341,7 @@ class CachedStep:
         ``tally`` [N] counts the rows run through the full layer)."""
         groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), *r.plan(layer), r.reuse,
                              (0, r.rows.shape[1])) for r in self.regions]
-        out = cached_layer(ops, x, pos, groups, self.generator, tally=tally)
+        out, _ = probed_layer(ops, x, pos, groups, layer, self.probes, self.generator, tally)
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)
         return out

@@ -35,7 +35,8 @@ class HostStep:
     """Where one request's step is: its block starts at sequence position ``start``; ``focus`` is the sampler's
     window in the block; ``shift`` 1 when position i is predicted by row i - 1 (Dream); the host holds
     ``prefix`` positions before the canvas of ``width`` positions; ``prompt``: the current generation's
-    prompt part (the request's prompt, or everything before a canvas decoded as a generation of its own)."""
+    prompt part (the request's prompt, or everything before a canvas decoded as a generation of its own);
+    ``tokens`` [width]: the canvas's tokens now (on the device; None where the host does not say)."""
 
     start: int
     focus: tuple[int, int]
@@ -43,6 +44,7 @@ class HostStep:
     prefix: int
     width: int
     prompt: int
+    tokens: torch.Tensor | None = field(default=None, compare=False)
 
     @property
     def fresh(self) -> tuple[int, int]:
@@ -88,10 +90,12 @@ class HostPart:
 
 @dataclass
 class HostPlan:
-    """One request's step on a host: live positions from ``run_from`` and the cached ``parts``."""
+    """One request's step on a host: live positions from ``run_from`` and the cached ``parts``; ``probe``: the
+    policy's test after each layer (``executor.LayerProbe``: parts covering [0, end) in order, every position live)."""
 
     run_from: int
     parts: list[HostPart] = field(default_factory=list)
+    probe: object | None = field(default=None, compare=False)
 
     def regions(self, base_row: int, stores, device, parts: list[HostPart] | None = None) -> list:
         """The executor's ``Region``s of ``parts`` (default: the plan's): position p at the forward's row
@@ -100,7 +104,8 @@ class HostPlan:
 
         return [Region(torch.arange(base_row + p.start, base_row + p.end, device=device)[None],
                        torch.zeros(1, dtype=torch.long, device=device), stores.get(p.name, p.length), p.reuse,
-                       lambda layer, p=p: p.layer(layer, device)) for p in (self.parts if parts is None else parts)]
+                       lambda layer, p=p: p.layer(layer, device), self.probe)
+                for p in (self.parts if parts is None else parts)]
 
     def cover(self, name: str, start: int, end: int) -> HostPart:
         """The part ``name`` over [start, end) for a host that runs every position and keeps every position's
@@ -135,6 +140,7 @@ class HostRequest:
     canvases: int = 0
     changed: int = 0        # tokens the request's last step changed (``plan``'s ``changed``)
     since: list[int] = field(default_factory=lambda: [0, 0])  # tokens changed since the prompt's / response's refresh
+    state: object = field(default=None, repr=False, compare=False)  # a policy's own per-request state (Elastic)
     _reuse: object = field(default=None, repr=False, compare=False)
 
     def reuse(self, policy):
@@ -145,8 +151,11 @@ class HostRequest:
             self._reuse = SeededReuse(policy, self.device)
         return self._reuse
 
-    def begin_canvas(self, prefix: int) -> None:
-        """A canvas starts after ``prefix`` held positions."""
+    def begin_canvas(self, prefix: int, last: torch.Tensor | None = None) -> None:
+        """A canvas starts after ``prefix`` held positions; ``last`` [W]: the previous canvas's final tokens, from its
+        first column (a policy state that follows tokens reads them: ``canvas_done``)."""
+        if last is not None and hasattr(self.state, "canvas_done"):
+            self.state.canvas_done(last)
         if not (self.stream and self.canvases):
             self.gen_prompt, self.steps = (self.prompt_len if self.stream else prefix), 0
         self.canvases += 1
@@ -156,11 +165,11 @@ class HostRequest:
         self.block_steps = 0
 
     def plan(self, start: int, focus: tuple[int, int], shift: int, prefix: int, width: int,
-             changed: int = 0) -> HostPlan:
+             changed: int = 0, tokens: torch.Tensor | None = None) -> HostPlan:
         """The policy's plan of this request's next denoise step, ``changed``: tokens its previous step changed (the
-        counters then move on)."""
+        counters then move on); ``tokens`` [width]: the canvas now."""
         self.changed = changed
-        plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt))
+        plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt, tokens))
         self.steps, self.block_steps, self.canvas_steps = self.steps + 1, self.block_steps + 1, self.canvas_steps + 1
         return plan
 

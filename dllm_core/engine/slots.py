@@ -206,6 +206,7 @@ class ResponseSlots:
         blocks covering it, or one block for a streamed request (it emits each block; the next canvas is the rest).
         ``tokens`` [k, t]: the canvas's first t columns as the host holds them (the rest: masks)."""
         idx, W = self.index(slots), self.canvas.shape[1]
+        last = self.canvas[idx].clone() if any(self.host[s].state is not None for s in slots.tolist()) else None
         if tokens is None:
             self.canvas[idx] = self.mask_id
         else:
@@ -214,8 +215,8 @@ class ResponseSlots:
         self.block[slots], self.new[slots] = 0, True
         stream = np.array([self.host[s].stream for s in slots.tolist()], dtype=bool)
         self.n_blocks[slots] = np.where(stream, 1, -(-np.asarray(width) // self.block_len[slots]))
-        for s, p in zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist()):
-            self.host[s].begin_canvas(p)
+        for i, (s, p) in enumerate(zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist())):
+            self.host[s].begin_canvas(p, None if last is None else last[i])
 
     def begin(self, slots: np.ndarray, valid: np.ndarray | None = None) -> None:
         """``Sampler.begin_block`` for the rows of ``slots`` whose block starts at this step (``valid``: the canvas
@@ -242,7 +243,7 @@ class ResponseSlots:
         """Each row's ``HostPlan`` of this step (its canvas: positions [prefix, prefix + width) of the sequence),
         from its block and the sampler's focus; the policies' step counters move on."""
         start = np.asarray(prefix) + self.block_columns(slots)
-        return [self.host[s].plan(a, (lo, hi), shift, p, w, n) for s, a, (lo, hi), p, w, n in
+        return [self.host[s].plan(a, (lo, hi), shift, p, w, n, self.canvas[s, :w]) for s, a, (lo, hi), p, w, n in
                 zip(slots.tolist(), start.tolist(), self.focus[slots].tolist(), np.broadcast_to(prefix, slots.shape)
                     .tolist(), np.broadcast_to(width, slots.shape).tolist(), self.changed[slots].tolist())]
 

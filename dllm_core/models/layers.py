@@ -120,10 +120,14 @@ class BlockOps:
     rows x S positions (row r = b * S + s). ``attend`` prepends the cached prefix K/V ``prefix``
     ([B, Hkv, P, D] each, optional: the canvas policy's frozen prefix) to every row's keys and
     applies ``mask`` [B, 1, 1, P + S]. ``per_row``: each row recomputes exactly this many positions
-    (queries then run as [B, per_row]); None: any subset (all S queries run, the asked ones kept)."""
+    (queries then run as [B, per_row]); None: any subset (all S queries run, the asked ones kept; ``ragged``: each
+    row's own queries, padded to the most any row asks - a key mask [B, 1, 1, P + S] only)."""
 
-    def __init__(self, layer: Block, rope: RotaryEmbedding, B: int, mask, prefix=None, per_row: int | None = None):
+    def __init__(self, layer: Block, rope: RotaryEmbedding, B: int, mask, prefix=None, per_row: int | None = None,
+                 ragged: bool = False):
         self.layer, self.rope, self.B, self.mask, self.prefix, self.per_row = layer, rope, B, mask, prefix, per_row
+        self.ragged = ragged and (mask is None or mask.shape[2] == 1)
+        self.heads = (layer.n_heads, layer.n_kv, layer.head_dim)  # (Hq, Hkv, D)
 
     def qkv(self, x, pos):
         q, k, v = self.layer.qkv(x[None], self.rope(pos[None], x.dtype))  # [1, h, n, D]
@@ -144,8 +148,30 @@ class BlockOps:
         if self.per_row is not None:  # rows are b-major with per_row each
             qh = q.view(B, self.per_row, -1, D).transpose(1, 2)
             return self.layer.attend(qh, k, v, self.mask).flatten(0, 1)
+        if self.ragged:
+            return self._ragged(q, k, v, torch.div(rows, S, rounding_mode="floor"))
         full = q.new_zeros(B * S, q.shape[-1]).index_copy_(0, rows, q)
         return self.layer.attend(full.view(B, S, -1, D).transpose(1, 2), k, v, self.mask).flatten(0, 1)[rows]
+
+
+    def _ragged(self, q, k, v, b):
+        """Each row's own queries (q [n, Hq*D] of rows ascending, b-major; ``b`` [n] their batch row), padded per
+        group: rows asking more than half the positions (a full refresh) apart from the others -> [n, d]."""
+        cnt = torch.bincount(b, minlength=self.B)  # [B]
+        first = cnt.cumsum(0) - cnt
+        n, half = cnt.tolist(), k.shape[2] // 2
+        out = q.new_empty(q.shape[0], self.layer.o_proj.out_features)
+        for rows in ([r for r, c in enumerate(n) if c > half], [r for r, c in enumerate(n) if 0 < c <= half]):
+            if not rows:
+                continue
+            r = torch.tensor(rows, device=q.device)
+            j = torch.arange(max(n[i] for i in rows), device=q.device)
+            qmask = j < cnt[r, None]  # [m, n]
+            qidx = torch.where(qmask, first[r, None] + j, 0)
+            qh = q.view(-1, self.layer.n_heads, self.layer.head_dim)[qidx].transpose(1, 2)  # [m, Hq, n, D]
+            mask = None if self.mask is None else self.mask[r]
+            out[qidx[qmask]] = self.layer.attend(qh, k[r], v[r], mask)[qmask]
+        return out
 
 
 class PackedAttention:

@@ -99,13 +99,12 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         if arch not in ARCHS:
             raise ValueError(f"{where} needs one of the dllm-serve models {list(ARCHS)}, got {arch}")
         if pol.picks and cfg.tp_size > 1:
-            raise ValueError(f"{where} needs --tp-size 1 (its V-verify selection is per rank), got --tp-size "
+            raise ValueError(f"{where} needs --tp-size 1 (its rows are picked per rank), got --tp-size "
                              f"{cfg.tp_size}")
-        kind = "dLLM-Cache" if pol.picks else "Fast-dLLM"
-        disable_cuda_graphs(server_args, f"{cls.__name__}: cache {pol.name} ({kind}) runs data-dependent rows")
+        disable_cuda_graphs(server_args, f"{cls.__name__}: cache {pol.name} runs data-dependent rows")
         if opts.policy is not None:
-            disable_radix_cache(server_args, f"{cls.__name__}: cache {pol.name} ({kind}) rewrites each request's "
-                                             f"prefix K/V in place")
+            disable_radix_cache(server_args, f"{cls.__name__}: cache {pol.name} rewrites each request's prefix K/V "
+                                             f"in place")
 
     def __init__(self, config: DllmConfig):
         super().__init__(config)
@@ -188,8 +187,8 @@ class BlockHost(SlotsHost):
         core.begin(slots if len(live) == len(states) else slots[live])
         if self.opts.caching:
             if model_runner.model.quant_config is not None:
-                raise ValueError(f"cache: {self.policy.name} (dLLM-Cache): the V-verify projection needs unquantized "
-                                 f"weights (drop --quantization)")
+                raise ValueError(f"cache: {self.policy.name}: its feature cache needs unquantized weights (drop "
+                                 f"--quantization)")
             plans = core.plan(slots[live], 0, L, 0)
             regions = [r for i, hp in zip(live, plans) for r in hp.regions(i * L, core.stores[slots[i]], dev)]
             model_runner.model.block_step = CachedStep(regions) if regions else None

@@ -54,6 +54,7 @@ class DiffusionAttention(nn.Module):
             raise ValueError(f"--tp-size {tp} does not divide the model's {a.n_heads} heads / {a.n_kv_heads} KV heads")
         self.head_dim, self.n_heads, self.n_kv = a.head_dim, a.n_heads // tp, max(1, a.n_kv_heads // tp)
         self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
+        self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
                                           parallel_group="attn_tp")
@@ -106,7 +107,7 @@ class DiffusionLayer(nn.Module):
             full = q.new_zeros(k.shape[0], q.shape[-1]).index_copy_(0, rows, q)
             return att.o_proj(att.attn(full, k, v, fb).view(k.shape[0], -1)[rows])[0]
 
-        return SimpleNamespace(qkv=lambda x, pos: att.qkv(pos, self.attn_norm(x)),
+        return SimpleNamespace(qkv=lambda x, pos: att.qkv(pos, self.attn_norm(x)), heads=att.heads,
                                value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn)
 
     def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:

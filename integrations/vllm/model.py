@@ -47,6 +47,7 @@ class DiffusionBlock(nn.Module):
         tp = get_tensor_model_parallel_world_size()
         self.n_heads, self.n_kv, self.head_dim = a.n_heads // tp, max(1, a.n_kv_heads // tp), a.head_dim
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
         self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=f"{prefix}.qkv_proj")

@@ -90,7 +90,7 @@ class DllmStates:
                                getattr(sampling_params, "temperature", None))
         plan = self.served.plan(opts, getattr(sampling_params, "max_tokens", None))
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
-        if cache.picks and self.tp > 1:  # V-verify picks per shard would differ
+        if cache.picks and self.tp > 1:  # rows picked per shard would differ
             logger.warning("dllm: cache %s picks rows per rank: it needs tensor_parallel_size 1; running exact",
                            cache.name)
             cache = CanvasCache()
