@@ -86,3 +86,29 @@ def test_emission_and_prefill_of_a_refreshing_policy_keep_nothing():
     stores = PartStores(2, 8, 16, torch.zeros(0))
     assert isinstance(plan.regions(0, stores, "cpu")[0].store, NoFeatures) and stores.stores == {}
     assert HostRequest(CanvasCache(), prompt_len=5).commit_plan(13, 16) is None  # the block canvas keeps its K/V
+
+
+def test_elastic_plans_its_query_rows_and_probes_each_layer():
+    """Elastic-Cache-style refresh on a host: every position live; the first step recomputes every layer, later steps
+    the query rows (the fresh range + ``window``, and the previous step's fresh range) as ``always`` columns; the
+    request's ``Drift`` is the plan's probe (kept across steps in ``HostRequest.state``), none where the test cannot
+    fail or always refreshes (``gamma`` 0 / 1); a failing test turns the next layers to every position."""
+    pol = make_cache("elastic:gamma=0.5,window=2,probe=2")
+    req = HostRequest(pol, prompt_len=5)
+    req.begin_canvas(5)
+    req.begin_block()
+    canvas = torch.full((16,), 7)
+    first = req.plan(start=5, focus=(0, 8), shift=0, prefix=5, width=16, tokens=canvas)
+    assert first.run_from == 0 and [(p.name, p.start, p.end) for p in first.parts] == [("prompt", 0, 5),
+                                                                                       ("response", 5, 21)]
+    assert all(p.scheduled(layer)[0] for p in first.parts for layer in range(4))  # nothing cached yet
+    second = req.plan(start=13, focus=(2, 8), shift=0, prefix=5, width=16, changed=1, tokens=canvas)
+    prompt, resp = second.parts
+    assert second.probe is first.probe is req.state and prompt.always[1] <= prompt.always[0]
+    assert resp.always == (0, 16) and not resp.scheduled(0)[0]  # [5, 13) of the last step, [15, 21) now + window
+    second.probe.full_from = 2  # (as a test failing at layer 2 leaves it)
+    assert [resp.scheduled(layer)[0] for layer in range(4)] == [False, False, True, True]
+    for spec in ("elastic:gamma=0", "elastic:gamma=1"):
+        r = HostRequest(make_cache(spec), prompt_len=5)
+        r.begin_canvas(5)
+        assert r.plan(5, (0, 8), 0, 5, 16, tokens=canvas).probe is None

@@ -39,9 +39,9 @@ def make_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolic
 
 def host_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolicy:
     """The policy a paged host engine runs for a cache option: a policy that refreshes the prefix (Fast-dLLM's
-    ``prefix`` / ``dual``, dLLM-Cache's ``dllm``, any ``LayerSchedule``) as it is (the prefix K/V live in the
-    host's paged cache, recomputed in place at its refreshes), ``none`` / ``canvas:..`` as the block-canvas
-    policy. A policy the host contract cannot express (``host_gap``: DPad, Elastic-Cache) is refused with why."""
+    ``prefix`` / ``dual``, dLLM-Cache's ``dllm``, any ``LayerSchedule``, ``elastic``) as it is (the prefix K/V
+    live in the host's paged cache, recomputed in place at its refreshes), ``none`` / ``canvas:..`` as the
+    block-canvas policy. A policy the host contract cannot express (``host_gap``: DPad) is refused with why."""
     pol = make_cache(spec, option)
     if pol.host_gap:
         raise ValueError(f"{option}: {pol.name} runs in the embedded engine only ({pol.host_gap})")

@@ -96,9 +96,11 @@ class Drift:
         return self.lo, self.hi
 
     def after(self, layer, ops, x, pos, keys):
+        """``LayerProbe.after``: a fully recomputed layer takes its reference; otherwise the drift test of the probe
+        rows among the query rows whose token has not changed since the reference -> [] bool (True: drifted)."""
         pol, last = self.policy, 0 < self.depth <= layer + 1  # the last layer has nothing after it to refresh
         self.depth = max(self.depth, layer + 1)  # (a request's first step runs every layer in full)
-        if pol.gamma <= 0 or last:
+        if last:
             return None
         if self.full_at(layer):
             self._reference(layer, ops, x, pos, keys)
@@ -116,6 +118,8 @@ class Drift:
         return ok.any() & (sim < pol.gamma)
 
     def refreshed(self, layer, ops, x, pos, keys) -> None:
+        """``LayerProbe.refreshed``: ``layer`` ran again over every position: its new reference; the later layers
+        recompute every position."""
         self.failed = self.full_from = layer
         self._reference(layer, ops, x, pos, keys)
 
@@ -168,7 +172,8 @@ class ElasticState(CacheState):
         live = [b for b, a in enumerate([True] * B if active is None else active.tolist()) if a]
         for b, f in zip(live, fresh[live].tolist()):
             self.drift[b].begin(x[b, P:], tuple(f), P)
-        probes, ds = [self.probed[b] for b in live], [self.drift[b] for b in live]
+        ds = [self.drift[b] for b in live]
+        probes = [self.probed[b] for b in live] if self.policy.tests else []
         h, pos = m.embed(x).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]
         work = 0
         for i, (layer, feats) in enumerate(zip(m.layers, self.feats)):
@@ -225,4 +230,10 @@ class ElasticCache(CachePolicy):
         lo, hi = d.query()
         full = lambda layer: (d.full_at(layer), False)  # noqa: E731
         return HostPlan(0, [HostPart("prompt", 0, P, (min(lo, P), P), full),
-                            HostPart("response", P, T, (max(lo - P, 0), hi - P), full)], probe=d)
+                            HostPart("response", P, T, (max(lo - P, 0), hi - P), full)],
+                        probe=d if self.tests else None)
+
+    @property
+    def tests(self) -> bool:
+        """Whether the drift test runs (``gamma`` 0: never fails; 1: every step refreshes every layer anyway)."""
+        return 0 < self.gamma < 1

@@ -16,7 +16,9 @@ sequence: prompt, emitted tokens, then the canvas):
   name: nothing is kept and nothing stale is read - a forward whose rows the next step recomputes anyway),
   whose features (K, V, attention and FFN outputs) the host keeps between steps: per layer the part recomputes
   ``always`` and, where ``schedule(layer)`` says so, every position (``full``) or the V-verify pick (``verify``,
-  by ``reuse``); other positions reuse the stored features. Every part's features are stored back.
+  by ``reuse``); other positions reuse the stored features. Every part's features are stored back;
+* a ``probe`` (``executor.LayerProbe``: Elastic-Cache's drift test) is called after each layer with the request's
+  layer inputs and keys; it may have the layer run again over every position and moves what ``schedule`` says.
 
 No host asks which policy it runs: it translates the plan into its own rows and slots.
 """

@@ -2,9 +2,11 @@
 
 The shipped task models of the same size on the same held-out prompts (``arithmetic;sort``, 24-token canvases in
 blocks of 8, greedy, fp32): the diffusion model ``models/llada-tasks`` through SGLang's real server (the CPU
-harness) with our ``DllmCore`` algorithm - the vanilla loop (``low_confidence``, one token per step, every position recomputed at every step) and
-Fast-dLLM (``threshold:tau=0.9`` + ``dual``) - beside the AR model ``models/qwen3-tasks`` served plain and with its
-DFlash drafter (``dual:every=1`` is the vanilla loop's exact mode on a host). All four servers are up at once (an idle one sleeps); at each number of requests in flight
+harness) with our ``DllmCore`` algorithm - the vanilla loop (``low_confidence``, one token per step, every position
+recomputed at every step: ``dual:every=1``, the vanilla loop's exact mode on a host), Fast-dLLM
+(``threshold:tau=0.9`` + ``dual``) and the Elastic-Cache-style refresh (``elastic:gamma=0.7``) - beside the AR model
+``models/qwen3-tasks`` served plain and with its DFlash drafter. The servers (``--servers``) are up at once (an idle
+one sleeps); at each number of requests in flight
 (``--concurrency``: the prompts sent that many at a time) every server takes a warm-up pass, then ``--rounds``
 timed passes in ABBA order. Reported per server: requests/s and answer tokens/s (median over rounds), CPU seconds
 of its scheduler per request (the process that runs every forward: other processes' load does not inflate it),
@@ -36,7 +38,8 @@ BLOCK = 8
 # the vanilla loop: every position recomputed at every step (``dual:every=1``, Fast-dLLM's exact mode; ``none`` on a
 # host is SGLang's block canvas, whose prompt K/V are computed without the response)
 POLICIES = {"dLLM vanilla": {"sampler": "low_confidence", "cache": "dual:every=1"},
-            "dLLM threshold + dual": {"sampler": "threshold:tau=0.9", "cache": "dual"}}
+            "dLLM threshold + dual": {"sampler": "threshold:tau=0.9", "cache": "dual"},
+            "dLLM threshold + elastic": {"sampler": "threshold:tau=0.9", "cache": "elastic:gamma=0.7"}}
 AR_SERVERS = {"AR": FLAGS["ar"], "AR + DFlash": FLAGS["dflash"]}
 
 
@@ -55,7 +58,7 @@ def workload(model_dir: Path, tasks: str, n: int):
     return prompts, score
 
 
-def embedded(prompts, score, concurrency: list[int], rounds: int, gen: int) -> dict:
+def embedded(prompts, score, policies: dict, concurrency: list[int], rounds: int, gen: int) -> dict:
     """Requests/s of the embedded engine per policy, batches of ``c`` requests (median over rounds)."""
     import torch
 
@@ -65,7 +68,7 @@ def embedded(prompts, score, concurrency: list[int], rounds: int, gen: int) -> d
     torch.set_num_threads(1)
     model, out = load_model(DLLM, dtype=torch.float32), {}
     for c in concurrency:
-        for name, pol in POLICIES.items():
+        for name, pol in policies.items():
             cfg = GenerationConfig(gen_length=gen, block_length=BLOCK, steps=gen, **pol)
             generate_batched(model, prompts[:c], cfg, c)  # warm-up at this batch size
             runs = []
@@ -85,20 +88,26 @@ def main() -> None:
     p.add_argument("--concurrency", default="1,8,32,64")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--max-new-tokens", type=int, default=24, help="the canvas (whole blocks of 8)")
+    p.add_argument("--servers", default=";".join([*POLICIES, *AR_SERVERS]), help="';'-separated names of the servers")
     p.add_argument("--out")
     a = p.parse_args()
     import yaml
 
+    names = a.servers.split(";")
+    if set(names) - {*POLICIES, *AR_SERVERS}:
+        p.error(f"--servers: unknown {sorted(set(names) - {*POLICIES, *AR_SERVERS})}; allowed: "
+                f"{[*POLICIES, *AR_SERVERS]}")
+    policies = {k: v for k, v in POLICIES.items() if k in names}
     conc = [int(x) for x in a.concurrency.split(",")]
     work = {"dllm": workload(DLLM, a.tasks, a.n), "ar": workload(AR, a.tasks, a.n)}
     tmp, servers = Path(tempfile.mkdtemp()), {}
     try:
-        for i, (name, pol) in enumerate(POLICIES.items()):
+        for i, (name, pol) in enumerate(policies.items()):
             (tmp / f"{i}.yaml").write_text(yaml.safe_dump({"block_size": BLOCK, **pol}))
             servers[name] = ("dllm", SGLangServer(DLLM, "--dtype", "float32", "--dllm-algorithm", "DllmCore",
                                                   "--dllm-algorithm-config", str(tmp / f"{i}.yaml"),
                                                   "--max-running-requests", str(max(conc))).__enter__())
-        for name, flags in AR_SERVERS.items():
+        for name, flags in ((k, v) for k, v in AR_SERVERS.items() if k in names):
             servers[name] = ("ar", SGLangServer(AR, "--dtype", "float32", "--max-running-requests", str(max(conc)),
                                                 *flags).__enter__())
         result = {"tasks": a.tasks, "prompts": len(work["dllm"][0]), "rounds": a.rounds, "servers": {}}
@@ -123,7 +132,7 @@ def main() -> None:
     finally:
         for _, srv in servers.values():
             srv.__exit__(None, None, None)
-    result["embedded"] = embedded(*work["dllm"], conc, a.rounds, a.max_new_tokens)
+    result["embedded"] = embedded(*work["dllm"], policies, conc, a.rounds, a.max_new_tokens)
     print(json.dumps(result, indent=2))
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=2))
