@@ -121,7 +121,7 @@ class BlockOps:
     ([B, Hkv, P, D] each, optional: the canvas policy's frozen prefix) to every row's keys and
     applies ``mask`` [B, 1, 1, P + S]. ``per_row``: each row recomputes exactly this many positions
     (queries then run as [B, per_row]); None: any subset (all S queries run, the asked ones kept; ``ragged``: each
-    row's own queries, padded to the most any row asks - a key mask [B, 1, 1, P + S] only)."""
+    row's own queries, padded per group of rows (``_ragged``) - a key mask [B, 1, 1, P + S] only)."""
 
     def __init__(self, layer: Block, rope: RotaryEmbedding, B: int, mask, prefix=None, per_row: int | None = None,
                  ragged: bool = False):
@@ -152,7 +152,6 @@ class BlockOps:
             return self._ragged(q, k, v, torch.div(rows, S, rounding_mode="floor"))
         full = q.new_zeros(B * S, q.shape[-1]).index_copy_(0, rows, q)
         return self.layer.attend(full.view(B, S, -1, D).transpose(1, 2), k, v, self.mask).flatten(0, 1)[rows]
-
 
     def _ragged(self, q, k, v, b):
         """Each row's own queries (q [n, Hq*D] of rows ascending, b-major; ``b`` [n] their batch row), padded per
