@@ -66,13 +66,10 @@ class Drift:
         pol = self.policy
         full = self.prev is None or (pol.every > 0 and self.age + 1 >= pol.every) or pol.gamma >= 1
         lo, hi = fresh[0], min(fresh[1] + pol.window, self.T)
+        self.steps += 1
         if self.prev is not None:  # the previous step's commits lie in its fresh range
             lo, hi = min(lo, self.prev[0]), max(hi, self.prev[1])
-        self.steps += 1
-        if self.prev is not None:
-            i = min(-(-max(canvas - self.P, 0) // pol.probe), len(self.probes))  # the probes in the canvas: [i, np)
-            k, was = self.probes[i:], self.changed[i:]
-            self.changed[i:] = torch.where(tokens[k - canvas] != self.ids[k], self.steps, was)
+            self._mark(tokens, canvas, self.steps)
         self.ids[canvas:], self.canvas = tokens, canvas
         self.prev, self.age = fresh, 0 if full else self.age + 1
         self.lo, self.hi, self.start, self.full_from, self.failed = lo, hi, fresh[0], 0 if full else None, None
@@ -82,10 +79,19 @@ class Drift:
         last step's commits, which no later canvas shows, count as changed at the next step, as in one canvas)."""
         if self.prev is None:
             return
-        i = min(-(-max(self.canvas - self.P, 0) // self.policy.probe), len(self.probes))
-        k, c = self.probes[i:], self.canvas
-        self.changed[i:] = torch.where(tokens[k - c] != self.ids[k], self.steps + 1, self.changed[i:])
-        self.ids[c:] = tokens[:self.T - c]
+        self._mark(tokens, self.canvas, self.steps + 1)
+        self.ids[self.canvas:] = tokens[:self.T - self.canvas]
+
+    def _probe(self, pos: int) -> int:
+        """The index of the first probe row at or after position ``pos``."""
+        return min(-(-max(pos - self.P, 0) // self.policy.probe), len(self.probes))
+
+    def _mark(self, tokens: torch.Tensor, canvas: int, step: int) -> None:
+        """The probes in [canvas, T) whose token in ``tokens`` (from position ``canvas``) differs from the one the
+        cache saw changed at ``step``."""
+        i = self._probe(canvas)
+        k = self.probes[i:]
+        self.changed[i:] = torch.where(tokens[k - canvas] != self.ids[k], step, self.changed[i:])
 
     def full_at(self, layer: int) -> bool:
         """Whether ``layer`` recomputes every position at this step."""
@@ -106,7 +112,7 @@ class Drift:
             self._reference(layer, ops, x, pos, keys)
             return None
         ref = self.refs.get(layer)
-        j0, j1 = (-(-max(b - self.P, 0) // pol.probe) for b in (self.lo, self.hi))
+        j0, j1 = self._probe(self.lo), self._probe(self.hi)
         if ref is None or j0 >= j1:
             return None
         anchor, old, at = ref
