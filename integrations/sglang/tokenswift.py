@@ -82,17 +82,27 @@ def worker_class(server_args=None):
         def _capture(self, module, args, output) -> None:
             self._hidden = (output[0] if isinstance(output, tuple) else output).detach()
 
-        def _prepare_draft_tokens(self, batch):
+        def _new_tokens(self, batch) -> list[list[int]]:
+            """Per request, its tokens accepted at the previous step and not yet in ``output_ids`` (overlap only)."""
             use_prev = self.enable_overlap and not batch.grammar_needs_sync()
             prev_ids, prev_lens, stride = [], [0] * len(batch.reqs), self.speculative_num_draft_tokens
             if use_prev:
                 prev_ids = batch.spec_info.accept_tokens.cpu().tolist()
                 prev_lens = batch.spec_info.accept_lens.cpu().tolist()
             self.prev_token_ids, self.prev_accept_lens = prev_ids, prev_lens
-            new = [prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else [] for i in range(len(batch.reqs))]
-            if self.draft_token_num == 1:  # the root alone (the adaptive length's k = 0): nothing to draft
-                roots = [(n or r.output_ids or r.origin_input_ids_unpadded)[-1] for n, r in zip(new, batch.reqs)]
-                return np.array(roots, dtype=np.int64), np.ones(len(roots), dtype=bool)
+            return [prev_ids[i * stride:i * stride + prev_lens[i]] if use_prev else [] for i in range(len(batch.reqs))]
+
+        def _roots(self, batch) -> np.ndarray:
+            """[bs] int64: each request's last token (a tree's root)."""
+            new = self._new_tokens(batch)
+            return np.array([(n or r.output_ids or r.origin_input_ids_unpadded)[-1] for n, r in zip(new, batch.reqs)],
+                            dtype=np.int64)
+
+        def _prepare_draft_tokens(self, batch):
+            if self.draft_token_num == 1:  # the root alone (the adaptive length's k = 0 with logprobs or a grammar)
+                roots = self._roots(batch)
+                return roots, np.ones(len(roots), dtype=bool)
+            new = self._new_tokens(batch)
             drafts = [self.drafter.draft(r.rid, list(r.origin_input_ids_unpadded) + list(r.output_ids) + n,
                                          self.draft_token_num) for n, r in zip(new, batch.reqs)]
             return np.concatenate([t for t, _ in drafts]), np.concatenate([m.flatten() for _, m in drafts])
@@ -100,23 +110,23 @@ def worker_class(server_args=None):
         def _update_ngram_corpus(self, batch):
             pass  # TreeDrafter updates each request's table from its full token list when drafting
 
-        def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None):
+        def forward_batch_generation(self, batch, on_publish=None, pp_proxy_tensors=None, plain=False):
+            """NGRAM's step with the drafter's bookkeeping; ``plain``: a decode step without drafts, run as SGLang's
+            plain decode forward (``plain_step``)."""
             rids = [r.rid for r in batch.reqs]
             extend = not batch.forward_mode.is_decode()
             lens = list(batch.extend_lens) if extend and batch.extend_lens is not None else None
             self.drafter.erase(self._prev_decode_rids - set(rids) if not extend else ())  # left the batch
-            out = self._verify(batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
+            out = plain_step(self, batch, on_publish) if plain else super().forward_batch_generation(
+                batch, on_publish=on_publish, pp_proxy_tensors=pp_proxy_tensors)
             if self._hidden is not None and self.drafter.heads is not None:
                 if extend and lens is not None:
                     for rid, e in zip(rids, np.cumsum(lens)):
                         self.drafter.set_hidden(rid, self._hidden[e - 1:e])
                 elif not extend:
-                    for rid, h in zip(rids, self._hidden.split(self.draft_token_num)):
+                    for rid, h in zip(rids, self._hidden.split(1 if plain else self.draft_token_num)):
                         self.drafter.set_hidden(rid, h)
             return out
-
-        def _verify(self, batch, **kwargs):
-            return super().forward_batch_generation(batch, **kwargs)
 
     if getattr(server_args, "speculative_adaptive", False):
         return adaptive(TokenSwiftWorker)
@@ -153,6 +163,8 @@ def adaptive(worker):
             k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0, batch.reqs)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
+            if k == 0 and decodes_plainly(batch):
+                return super().forward_batch_generation(batch, plain=True, **kwargs)
             kept = patch.object(ngram_worker, "move_accept_tokens_to_target_kvcache", lambda *a: None) if k == 0 \
                 else nullcontext()  # k = 0: the root's K/V lie where the accepted token's belong
             with at_width(self, NGRAM_WIDTH, self.dllm_widths, k + 1, lambda: self._sized(k + 1)), kept:
@@ -162,11 +174,6 @@ def adaptive(worker):
             out.next_draft_input.accept_tokens, out.next_draft_input.draft_token_num = out.next_token_ids, full
             return out
 
-        def _verify(self, batch, on_publish=None, **kwargs):
-            if self.draft_token_num == 1 and decodes_plainly(batch):
-                return plain_step(self, batch, on_publish)
-            return super()._verify(batch, on_publish=on_publish, **kwargs)
-
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)
 
@@ -174,22 +181,25 @@ def adaptive(worker):
 
 
 def plain_step(worker, batch, on_publish=None):
-    """k = 0 as SGLang's plain decode forward (``spec.decode_forward``), handed back as NGRAM's verify of the root."""
+    """k = 0 as SGLang's plain decode forward (``spec.decode_forward``), handed back as NGRAM's verify of the root at
+    the launch's width (the accepted token first, as every other step's)."""
     from sglang.srt.speculative import ngram_worker as ngram
 
     from .spec import decode_forward
 
-    roots, _ = worker._prepare_draft_tokens(batch)  # [bs]: each request's last token
-    out = decode_forward(worker.target_worker, batch, torch.from_numpy(roots).to(worker.device))
-    tokens, new_lens = out.next_token_ids.int(), batch.seq_lens + 1
-    lens = torch.ones_like(tokens)
+    roots = torch.from_numpy(worker._roots(batch)).to(worker.device)  # [bs]
+    out = decode_forward(worker.target_worker, batch, roots)
+    width, new_lens = worker.speculative_num_draft_tokens, batch.seq_lens + 1
+    tokens = out.next_token_ids.new_zeros(len(roots), width, dtype=torch.int32)  # [bs, D]
+    tokens[:, 0] = out.next_token_ids
+    tokens, lens = tokens.view(-1), torch.ones_like(roots, dtype=torch.int32)
     if on_publish is not None:
         on_publish(new_lens)
     worker._prev_decode_rids = {r.rid for r in batch.reqs}
     return ngram.GenerationBatchResult(
         logits_output=out.logits_output, next_token_ids=tokens, can_run_cuda_graph=out.can_run_cuda_graph,
-        accept_lens=lens, new_seq_lens=new_lens, speculative_num_draft_tokens=worker.speculative_num_draft_tokens,
-        next_draft_input=ngram.NgramVerifyInput(draft_token_num=1, new_seq_lens=new_lens, accept_tokens=tokens,
+        accept_lens=lens, new_seq_lens=new_lens, speculative_num_draft_tokens=width,
+        next_draft_input=ngram.NgramVerifyInput(draft_token_num=width, new_seq_lens=new_lens, accept_tokens=tokens,
                                                 accept_lens=lens))
 
 
