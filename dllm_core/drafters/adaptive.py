@@ -14,18 +14,20 @@ gains E(k) L / (L + E(k)) per request, L measured (tokens kept per step run afte
 of the candidates with the most tokens per second, that gain over T(b, k), and k = 0 unless that beats plain
 decoding by ``margin``. T is measured, not modelled: each host reports every step's wall time with its batch size and k
 (``observe``); per batch-size bucket (powers of two) and k the last ``time_window`` step times are kept and T is
-their minimum (a step is never faster than its work), so the policy follows the host's real costs (a GPU verify
-that is free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection,
-another process) decides nothing.
+their lower quartile (the smallest of 2 or 3; a step is never faster than its work, and the minimum of a long
+window would favour the length measured most), so the policy follows the host's real costs (a GPU verify that is
+free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection, another
+process, a new request's arrival) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
 first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
 pays for a long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step,
 so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
-a bucket re-measures afresh (its window emptied: the choice's own window is the last steps', and a stale quiet
-minimum would decide; asked until its samples are in, as a host may time a step late), in turn, plain decoding (when
-it is not the choice) and the best-rated length above its choice when it may compete (from plain decoding: always,
-the shortest draft, which measures the first draft's acceptance again), so a change in acceptance or cost is seen at
-a bounded price.
+a bucket re-measures (two fresh samples into the length's window, asked until they are in, as a host may time a
+step late), in turn, plain decoding (when it is not the choice) and the best-rated length above its choice when it
+may compete (from plain decoding: always, the shortest draft, which measures the first draft's acceptance again), so
+a change in acceptance or cost is seen at a bounded price. While speculating, plain decoding is also re-measured at
+a bucket's step 16, 32, 64 and 128: a length's time taken in a slow spell is too slow, so it is not chosen and not
+measured again (a time too fast corrects itself: the length is chosen, and its window refills).
 Lossless by construction: it only chooses how many drafts the lossless verifier sees.
 
 One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
@@ -43,6 +45,8 @@ from ..options import check_min, check_range, check_value
 PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
 SAMPLES = 2  # step times a (bucket, k) cell needs before it is measured
 PATIENCE = 2 * SAMPLES + 2  # steps a re-measured length is asked for its samples (a host times a step late)
+EARLY = 16  # while speculating, plain decoding is re-measured at a bucket's step 16, 32, 64, ... (its first samples
+# may have come from a slow spell: too slow, it would not be chosen, so not measured again until explore_every)
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
 
@@ -57,7 +61,7 @@ class AdaptiveDraft:
     candidates: tuple[int, ...] | None = None
     margin: float = 1.05
     explore_every: int = 256
-    time_window: int = 5
+    time_window: int = 16
     accept_decay: float = 0.99
 
     def __post_init__(self):
@@ -112,9 +116,11 @@ class DraftLength:
     def __init__(self, opts: AdaptiveDraft, per_request: bool = False):
         self.opts, self.per_request = opts, per_request  # per_request: see observe
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
-        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's minimum
+        self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's lower quartile
         self.steps: dict[int, int] = {}  # bucket -> steps decided
-        self.probing: dict[int, tuple[int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked)
+        self.probing: dict[int, tuple[int, int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked,
+        # its samples taken in all when done)
+        self.taken: dict[tuple[int, int], int] = {}  # (bucket, k) -> step times observed in all
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
         self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
@@ -174,9 +180,9 @@ class DraftLength:
         b, ks = bucket(batch), self.opts.candidates
         n = self.steps[b] = self.steps.get(b, 0) + 1
         if b in self.probing:  # a re-measurement goes on until it has its samples (a host may time a step late)
-            k, left = self.probing.pop(b)
-            if len(self.samples[b, k]) < SAMPLES and left:
-                self.probing[b] = (k, left - 1)
+            k, left, want = self.probing.pop(b)
+            if self.taken.get((b, k), 0) < want and left:
+                self.probing[b] = (k, left - 1, want)
                 return k
         rates = self.rates(batch)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
@@ -187,17 +193,16 @@ class DraftLength:
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
-        if n % self.opts.explore_every == 0:  # re-measure plain decoding or the best-rated longer length, in turn
+        early = best and EARLY <= n < self.opts.explore_every and not n & (n - 1)  # plain again, at 16, 32, 64, ...
+        if early or n % self.opts.explore_every == 0:  # re-measure plain decoding or the best-rated longer length
             up = {k: r for k, r in rates.items() if k > best}  # from plain: the shortest (the first draft's rate)
             probe = (min(up) if best == 0 else max(up, key=up.get)) if up else best
-            if best and n // self.opts.explore_every % 2:
+            if best and (early or n // self.opts.explore_every % 2):
                 probe = 0
             elif best and up.get(probe, 0) < PROBE * rates[best]:
                 probe = best
-            if probe != best:  # afresh, as the choice's own window is (a stale quiet minimum would decide)
-                self.samples[b, probe].clear()
-                del self.time[b, probe]
-                self.probing[b] = (probe, PATIENCE)
+            if probe != best:  # fresh samples into its window: a cost that fell shows, one that rose shows when chosen
+                self.probing[b] = (probe, PATIENCE, self.taken.get((b, probe), 0) + SAMPLES)
                 return probe
         return best
 
@@ -209,7 +214,8 @@ class DraftLength:
         key = (bucket(batch), k)
         times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
         times.append(seconds * key[0] / batch if self.per_request else seconds)
-        self.time[key] = min(times)
+        self.time[key] = sorted(times)[len(times) // 4]
+        self.taken[key] = self.taken.get(key, 0) + 1
         self.count(k, accepted)
 
     def count(self, k: int, accepted: Sequence[int], ended: int | None = None, kept: int | None = None) -> None:
