@@ -18,8 +18,8 @@ their lower quartile (the smallest of 2 or 3; a step is never faster than its wo
 window would favour the length measured most), so the policy follows the host's real costs (a GPU verify that is
 free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection, another
 process, a new request's arrival) decides nothing.
-Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out), shortest
-first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
+Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out; asked at most
+``PATIENCE`` times per ``explore_every`` steps, as a host may never time it in that bucket), shortest first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
 pays for a long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step,
 so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
 a bucket re-measures (two fresh samples into the length's window, asked until they are in, as a host may time a
@@ -44,7 +44,8 @@ from ..options import check_min, check_range, check_value
 
 PROBE = 0.8  # a longer draft is re-measured when its rate is within this fraction of the best
 SAMPLES = 2  # step times a (bucket, k) cell needs before it is measured
-PATIENCE = 2 * SAMPLES + 2  # steps a re-measured length is asked for its samples (a host times a step late)
+PATIENCE = 2 * SAMPLES + 2  # steps a re-measured or unmeasured length is asked for its samples (a host times a step
+# late, or never in some bucket: ``DraftLength.ask``)
 EARLY = 16  # while speculating, plain decoding is re-measured at a bucket's step 16, 32, 64, ... (its first samples
 # may have come from a slow spell: too slow, it would not be chosen, so not measured again until explore_every)
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
@@ -121,6 +122,8 @@ class DraftLength:
         self.probing: dict[int, tuple[int, int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked,
         # its samples taken in all when done)
         self.taken: dict[tuple[int, int], int] = {}  # (bucket, k) -> step times observed in all
+        self.asked: dict[tuple[int, int], tuple[int, int]] = {}  # (bucket, k) short of samples -> (the bucket's
+        # explore_every period, the times it was asked for them in that period)
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
         self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
@@ -186,9 +189,8 @@ class DraftLength:
                 return k
         rates = self.rates(batch)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
-            if 0 < len(self.samples.get((b, k), ())) < SAMPLES:
-                return k
-            if k not in rates and self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0):
+            if len(self.samples.get((b, k), ())) < SAMPLES and (
+                    k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) and self.ask(b, k, n):
                 return k
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
@@ -205,6 +207,18 @@ class DraftLength:
                 self.probing[b] = (probe, PATIENCE, self.taken.get((b, probe), 0) + SAMPLES)
                 return probe
         return best
+
+    def ask(self, b: int, k: int, n: int) -> bool:
+        """Whether length k, still short of its samples in bucket ``b``, is asked for them at the bucket's step n (and
+        count the ask): ``PATIENCE`` times per ``explore_every`` steps of the bucket. A host may never time a length
+        in a bucket: SGLang times no step that follows a prefill, and a wave of 64 requests spends its first two
+        steps at 64, so asked on it ran untimed in every such step."""
+        epoch = n // self.opts.explore_every
+        at, asked = self.asked.get((b, k), (epoch, 0))
+        if at == epoch and asked >= PATIENCE:
+            return False
+        self.asked[b, k] = (epoch, asked + 1 if at == epoch else 1)
+        return True
 
     def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = ()) -> None:
         """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
