@@ -503,6 +503,9 @@ def test_adaptive_options():
         AdaptiveDraft(8, candidates=(0, 9))
     with pytest.raises(ValueError, match="margin must be > 0.0"):
         AdaptiveDraft(8, margin=0)
+    with pytest.raises(ValueError, match=r"^--additional-config adaptive_draft must be a mapping of option names to "
+                                         r"values, got \[0, 2\]$"):
+        AdaptiveDraft.of(8, [0, 2], "--additional-config adaptive_draft")
 
 
 def simulate(policy, batch: int, p: float, cost, steps: int = 400, seed: int = 0) -> tuple[float, float, list[int]]:

@@ -48,9 +48,9 @@ def pair(tmp_path_factory):
     return {"target": target_dir, "heads": heads_dir, "prompts": prompts, "ours": ours, "shipped": shipped}
 
 
-def in_process_engine(pair, **kw):
+def in_process_engine(pair, config: dict | None = None, **kw):
     """A vLLM engine on the pair with TokenSwift's proposer, its engine core in this process (the proposer is
-    reachable); ``kw``: more ``LLM`` arguments."""
+    reachable); ``config``: more ``additional_config``; ``kw``: more ``LLM`` arguments."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     from vllm import LLM
 
@@ -61,7 +61,8 @@ def in_process_engine(pair, **kw):
         return LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
                    max_num_seqs=4, seed=0, speculative_config={"method": "custom_class", "model": PROPOSER,
                                                                "num_speculative_tokens": SPEC_TOKENS},
-                   additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}}, **kw)
+                   additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}, **(config or {})},
+                   **kw)
     finally:
         torch.set_num_threads = set_threads
         if before is None:
@@ -129,12 +130,13 @@ def test_proposer_options_are_the_core_options():
 def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
     """TokenSwift at the core's adaptive draft length (``AdaptiveDraftScheduler``; the runner tells the ``custom_class``
     proposer each step's draft count): greedy answers identical to plain decoding, the proposer asked for several
-    counts (0 = a plain step: no drafts proposed), each proposed whole (a shorter chain padded: a step's measured cost
-    is its count's)."""
+    counts (0 = a plain step: no drafts proposed) of those ``--additional-config adaptive_draft`` allows, each proposed
+    whole (a shorter chain padded: a step's measured cost is its count's)."""
     from vllm import SamplingParams
     from vllm.inputs import TokensPrompt
 
-    engine = in_process_engine(pair, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")
+    engine = in_process_engine(pair, {"adaptive_draft": {"candidates": [0, 2, SPEC_TOKENS], "explore_every": 8}},
+                               scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")
     try:
         proposer, seen = _proposer(engine), []
         propose = proposer.propose
@@ -149,7 +151,8 @@ def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
                                SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
         assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
         asked = {k for k, _ in seen}  # which lengths the policy measures depends on the step times it sees
-        assert 0 in asked and len(asked) > 1 and all(n in (0, k) for k, n in seen) and proposer.pad
+        assert 0 in asked and len(asked) > 1 and asked <= {0, 2, SPEC_TOKENS} and proposer.pad
+        assert all(n in (0, k) for k, n in seen)
         assert any(n for _, n in seen)
     finally:
         engine.llm_engine.engine_core.shutdown()

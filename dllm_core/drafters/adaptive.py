@@ -87,6 +87,8 @@ class AdaptiveDraft:
     @classmethod
     def of(cls, max_draft: int, options: Mapping | None = None, where: str = "options") -> "AdaptiveDraft":
         """From option names and values as a launch spells them (JSON / YAML); a name not an option is refused."""
+        if options is not None and not isinstance(options, Mapping):
+            raise ValueError(f"{where} must be a mapping of option names to values, got {options!r}")
         options, types = dict(options or {}), {f.name: f.type for f in fields(cls)[1:]}
         if set(options) - set(types):
             raise ValueError(f"{where}: unknown options {sorted(set(options) - set(types))}; allowed: {list(types)}")

@@ -13,6 +13,8 @@ from dllm_core.drafters.adaptive import AdaptiveDraft, StepClock
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
 
+KEY = "adaptive_draft"  # additional_config's key of the policy's options
+
 
 class DraftLengths(StepClock):
     """vLLM's batch size -> draft count table (``Scheduler.dynamic_sd_lookup``), answered by the policy. A step
@@ -38,13 +40,15 @@ class DraftLengths(StepClock):
 
 
 class AdaptiveDrafts:
-    """The scheduler side (a mixin over vLLM's schedulers)."""
+    """The scheduler side (a mixin over vLLM's schedulers); the policy's options from ``--additional-config
+    '{"adaptive_draft": {...}}'`` (``AdaptiveDraft``'s, as SGLang's ``--speculative-adaptive-config``)."""
 
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
         if self.num_spec_tokens:
-            cpu = vllm_config.device_config.device_type == "cpu"
-            self.dynamic_sd_lookup = DraftLengths(AdaptiveDraft(self.num_spec_tokens).new(per_request=cpu),
+            cpu, opts = vllm_config.device_config.device_type == "cpu", (vllm_config.additional_config or {}).get(KEY)
+            policy = AdaptiveDraft.of(self.num_spec_tokens, opts, f"--additional-config {KEY}")
+            self.dynamic_sd_lookup = DraftLengths(policy.new(per_request=cpu),
                                                   lag=2 if isinstance(self, AsyncScheduler) else 1)
             patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 

