@@ -625,7 +625,8 @@ def test_adaptive_length_stops_asking_for_a_length_its_host_never_times():
     policy, rng = AdaptiveDraft(8, explore_every=256).new(), random.Random(0)
     chosen = []
     for _ in range(600):
-        k = chosen.append(policy.choose(4)) or chosen[-1]
+        k = policy.choose(4)
+        chosen.append(k)
         acc = [next((i for i in range(k) if rng.random() > 0.9), k) for _ in range(4)]
         if k == 8:  # run, its acceptance counted, never timed
             policy.count(k, acc)

@@ -19,9 +19,10 @@ window would favour the length measured most), so the policy follows the host's 
 free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection, another
 process, a new request's arrival) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out; asked at most
-``PATIENCE`` times per ``explore_every`` steps, as a host may never time it in that bucket), shortest first, a longer one only while its rate predicted from the measured step times may compete (a large batch never
-pays for a long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step,
-so a wave whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
+``PATIENCE`` times per ``explore_every`` steps, as a host may never time it in that bucket), shortest first, a longer
+one only while its rate predicted from the measured step times may compete (a large batch never pays for a long
+useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step, so a wave whose
+batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
 a bucket re-measures (two fresh samples into the length's window, asked until they are in, as a host may time a
 step late), in turn, plain decoding (when it is not the choice) and the best-rated length above its choice when it
 may compete (from plain decoding: always, the shortest draft, which measures the first draft's acceptance again), so
@@ -191,8 +192,9 @@ class DraftLength:
                 return k
         rates = self.rates(batch)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
-            if len(self.samples.get((b, k), ())) < SAMPLES and (
-                    k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) and self.ask(b, k, n):
+            short = len(self.samples.get((b, k), ())) < SAMPLES
+            if short and (k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) \
+                    and self.ask(b, k, n):
                 return k
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
@@ -214,7 +216,7 @@ class DraftLength:
         """Whether length k, still short of its samples in bucket ``b``, is asked for them at the bucket's step n (and
         count the ask): ``PATIENCE`` times per ``explore_every`` steps of the bucket. A host may never time a length
         in a bucket: SGLang times no step that follows a prefill, and a wave of 64 requests spends its first two
-        steps at 64, so asked on it ran untimed in every such step."""
+        steps at 64, so a length asked only there ran untimed in both steps of every wave."""
         epoch = n // self.opts.explore_every
         at, asked = self.asked.get((b, k), (epoch, 0))
         if at == epoch and asked >= PATIENCE:
