@@ -19,16 +19,16 @@ window would favour the length measured most), so the policy follows the host's 
 free up to some tokens, a CPU one that grows with them) and a step slowed by something else (a collection, another
 process, a new request's arrival) decides nothing.
 Unmeasured (bucket, k) cells are measured first (twice: one slow step alone cannot rule a length out; asked at most
-``PATIENCE`` times per ``explore_every`` steps, as a host may never time it in that bucket), shortest first, a longer
-one only while its rate predicted from the measured step times may compete (a large batch never pays for a long
-useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step, so a wave whose
-batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps
-a bucket re-measures (two fresh samples into the length's window, asked until they are in, as a host may time a
-step late), in turn, plain decoding (when it is not the choice) and the best-rated length above its choice when it
-may compete (from plain decoding: always, the shortest draft, which measures the first draft's acceptance again), so
-a change in acceptance or cost is seen at a bounded price. While speculating, plain decoding is also re-measured at
-a bucket's step 16, 32, 64 and 128: a length's time taken in a slow spell is too slow, so it is not chosen and not
-measured again (a time too fast corrects itself: the length is chosen, and its window refills).
+``PATIENCE`` times per ``explore_every`` steps, as a host may never time it in that bucket), shortest first, a
+longer one only while its rate predicted from the measured step times may compete (a large batch never pays for a
+long useless draft; a cold bucket predicts from the nearest bucket's times scaled by its own plain step, so a wave
+whose batch shrinks through the buckets does not spend its steps measuring); every ``explore_every`` steps a bucket
+re-measures (two fresh samples into the length's window, asked until they are in, as a host may time a step late),
+in turn, plain decoding (when it is not the choice) and the best-rated length above its choice when it may compete
+(from plain decoding: always, the shortest draft, which measures the first draft's acceptance again), so a change in
+acceptance or cost is seen at a bounded price. While speculating, plain decoding is also re-measured at a bucket's
+step 16, 32, 64 and 128: a length's time taken in a slow spell is too slow, so it is not chosen and not measured
+again (a time too fast corrects itself: the length is chosen, and its window refills).
 Lossless by construction: it only chooses how many drafts the lossless verifier sees.
 
 One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
