@@ -112,3 +112,35 @@ def test_elastic_plans_its_query_rows_and_probes_each_layer():
         r = HostRequest(make_cache(spec), prompt_len=5)
         r.begin_canvas(5)
         assert r.plan(5, (0, 8), 0, 5, 16, tokens=canvas).probe is None
+
+
+def test_dpad_plans_keep_the_block_and_its_suffix_and_pack_them():
+    """DPad on a host: the plan keeps [0, block end) + the window's suffix positions + the canvas's tail, its parts
+    and columns count kept positions; a new block is a refresh (the kept set moved), later steps the window alone
+    (dual). ``PackedStep`` lays out only the kept positions (RoPE positions their own), its parts from the host's
+    position ranges, and finds the block's logit rows; a request that keeps everything lays out as before."""
+    from dllm_core.cache.executor import PartStores
+    from dllm_core.cache.host import PackedStep
+
+    req = HostRequest(make_cache("dpad:window=4,decay=none,tail=1"), prompt_len=5)
+    req.begin_canvas(5)
+    req.begin_block()
+    first = req.plan(start=13, focus=(0, 8), shift=0, prefix=5, width=24, block=8)  # the canvas's second block
+    keep = [*range(21), 21, 22, 23, 24, 28]
+    assert first.keep.tolist() == keep and first == HostPlan(0, [HostPart("response", 5, 26, always=(0, 21))])
+    second = req.plan(start=13, focus=(0, 8), shift=0, prefix=5, width=24, block=8)
+    assert second.keep.tolist() == keep and second == HostPlan(5, [HostPart("response", 5, 26, always=(8, 16))])
+    assert (second.compact(13), second.compact(25), second.compact(28), second.compact(29)) == (13, 25, 25, 26)
+    with pytest.raises(ValueError, match="cache dpad: the host gave no block length"):
+        req.plan(start=13, focus=(0, 8), shift=0, prefix=5, width=24)
+    whole = HostRequest(DualCache(), prompt_len=3)
+    whole.begin_canvas(3)
+    plans = [second, whole.plan(start=3, focus=(0, 8), shift=0, prefix=3, width=8)]
+    names = [[("prompt", 0, 5), ("response", 5, 29)], [("prompt", 0, 3), ("response", 3, 11)]]
+    step = PackedStep(plans, [29, 11], names, [PartStores(2, 8, 16, torch.zeros(0)) for _ in plans], "cpu")
+    assert step.off == [0, 26, 37] and step.pos.tolist() == keep + list(range(11))
+    assert step.kept.tolist() == keep + list(range(29, 40))
+    assert [(p.name, p.start, p.end) for p in step.parts[0]] == [("prompt", 0, 5), ("response", 5, 26)]
+    assert step.rows([13, 3], 8, shift=1).tolist() == [list(range(12, 20)), list(range(28, 36))]
+    with pytest.raises(ValueError, match=r"positions \[20, 28\) are not all kept"):
+        step.rows([20, 3], 8)

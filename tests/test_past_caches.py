@@ -1,7 +1,8 @@
 """Past the published caches: DPad's suffix dropout (``dpad``) and Elastic-Cache-style adaptive refresh
 (``elastic``). Exact modes equal the plain loop token for token (tiny models and the shipped long-answer model);
 the approximate modes do the work they claim, rows are independent of their batch, and bad options name the
-option and its allowed values. The paged hosts serve ``elastic`` (not ``dpad``: its ``host_gap``)."""
+option and its allowed values. The paged hosts serve ``elastic``; ``dpad`` only a host that lays out each request's
+positions itself (SGLang's whole-response forward), vLLM refuses it with the reason (``drops``)."""
 from pathlib import Path
 
 import numpy as np
@@ -150,23 +151,27 @@ def test_option_errors_name_the_option_and_allowed_values(spec, error):
     assert str(e.value) == error
 
 
-def test_hosts_serve_elastic_and_refuse_dpad_with_the_reason(llada2_dir):
+def test_hosts_serve_elastic_and_dpad_where_they_can(llada2_dir):
     """The paged hosts serve ``elastic`` through the host contract (its drift test is the plan's probe; equalities
-    with the embedded engine: ``test_vllm_fast_dllm.py``, ``test_sglang_dllm_cache.py``) and cannot express DPad's
-    plan (what is missing is in its ``host_gap``); a block-causal model has no suffix to drop or to cache stale."""
+    with the embedded engine: ``test_vllm_fast_dllm.py``, ``test_sglang_dllm_cache.py``). DPad's plan leaves
+    positions out of the forward: a block scheduler's whole-response forward (``PackedStep``) serves it, a host whose
+    scheduler places every canvas position (vLLM's entry, ``host_cache``) refuses it with why; a block-causal model
+    has no suffix to drop or to cache stale."""
     from dllm_core.engine.host_options import block_host_policy
 
     llada2 = load_model(llada2_dir)
-    with pytest.raises(ValueError, match=r"unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dual', 'elastic', "
-                                         r"'none', 'prefix'\]"):
+    with pytest.raises(ValueError, match=r"unknown policy 'lru'; allowed: \['canvas', 'dllm', 'dpad', 'dual', "
+                                         r"'elastic', 'none', 'prefix'\]"):
         block_host_policy("lru", "DllmCore.cache")
     assert host_cache("elastic:gamma=0.7") == block_host_policy("elastic:gamma=0.7", "DllmCore.cache") == \
         ElasticCache(gamma=0.7)
-    assert ElasticCache.host_gap is None and DPadCache.host_gap
-    with pytest.raises(ValueError, match="--cache: dpad runs in the embedded engine only"):
+    assert ElasticCache.drops is None and DPadCache.drops
+    assert block_host_policy("dpad:window=16", "DllmCore.cache") == DPadCache(window=16)
+    with pytest.raises(ValueError, match="^--cache: dpad is not served by this host: suffix dropout takes canvas "
+                                         "positions out of the forward"):
         host_cache("dpad")
-    with pytest.raises(ValueError, match="^DllmCore.cache: dpad runs in the embedded engine only"):
-        block_host_policy("dpad", "DllmCore.cache")
+    with pytest.raises(ValueError, match="^DllmCore.cache: dpad has no option 'graphs'"):
+        block_host_policy("dpad:graphs=false", "DllmCore.cache")
     for spec in ("dpad", "elastic"):
         with pytest.raises(ValueError, match=f"--cache {spec} is not available for the block-causal"):
             generate(llada2, [[20, 21, 22]], GenerationConfig(gen_length=8, block_length=llada2.block_causal,

@@ -6,7 +6,8 @@ concurrently through SGLang's block scheduler (``response.py``: the per-request 
 window onto it); every step runs each request's whole sequence, per layer recomputing what
 ``DLLMCache.recomputes`` says at the request's own step counter. Each output equals the UNBATCHED
 ``generate(model, [prompt], GenerationConfig(..., cache="dllm:..."))`` (the embedded engine shares one
-step counter across a batch's rows). The same for ``elastic`` (the executor's drift probe after each layer).
+step counter across a batch's rows). The same for ``elastic`` (the executor's drift probe after each layer) and
+``dpad`` (each request's forward over the positions its plan keeps: DPad's suffix dropout).
 """
 import pytest
 import torch
@@ -55,7 +56,10 @@ CASES = [(*THRESHOLD, "dllm:kp=3,kr=2,rho=0.5", True),
          (*LOWCONF, "dllm:kp=2,kr=3,rho=0.25,per_block=true", True),
          (*THRESHOLD, "dllm:kp=6,kr=3,rho=0.5,unit=tokens,first_layer_prompt=false", True),
          (*THRESHOLD, ELASTIC, True),  # Elastic-Cache-style: query rows, every position from a failing drift test
-         (*LOWCONF, ELASTIC, False)]
+         (*LOWCONF, ELASTIC, False),
+         (*THRESHOLD, "dpad:window=8,decay=none,tail=2", True),  # DPad: suffix positions out of the forward
+         (*LOWCONF, "dpad:cache=prefix,window=12,seed=3", False),  # Gaussian: keeps 3 of 12, then 4 of 8
+         (*THRESHOLD, "dpad:cache=none,window=4,decay=none", False)]
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -66,7 +70,7 @@ def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdf
     assert serve(sg, mask, cls, cfg, cache, fdfo) == reference(ref, spec, steps, cache)
 
 
-@pytest.mark.parametrize("case", [3, 6])
+@pytest.mark.parametrize("case", [3, 6, 7, 9])
 @pytest.mark.parametrize("arch", ["llada", "dream"])
 def test_work_counters_equal_the_embedded_engine(models, arch, case):
     """Each request's work equals the unbatched embedded run's (``Counters``): one forward per step, the
@@ -99,6 +103,8 @@ def test_exact_mode_is_uncached(models, arch):
     assert serve(sg, mask, SlowFast, cfg, "dllm:kp=3,kr=2,rho=0.5", True) != want
     assert serve(sg, mask, SlowFast, cfg, "elastic:gamma=1", True) == want
     assert serve(sg, mask, SlowFast, cfg, ELASTIC, False) != want
+    assert serve(sg, mask, SlowFast, cfg, "dpad:cache=none,window=24,decay=none", True) == want
+    assert serve(sg, mask, SlowFast, cfg, "dpad:cache=none,window=4,decay=none", False) != want
 
 
 def test_random_select_and_prompt_kv_in_pool(models):

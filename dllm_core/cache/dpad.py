@@ -26,9 +26,10 @@ window and the kept suffix recomputed) or ``none`` (every step one forward over 
 Exact mode: ``decay=none`` with a ``window`` reaching the canvas end keeps every position: the base policy itself
 (``dpad:cache=dual,window=<gen_length>,decay=none`` equals ``dual``; ``cache=none`` equals ``none``), token for token.
 
-Served by the embedded engine. Not by the paged hosts: the host contract (``cache.host``) has no way to take canvas
-rows out of a request's forward nor to hide canvas positions from its queries (``HOST_GAP``); ``host_cache`` refuses
-the policy with that reason.
+On a host (``host_plan``): the plan's ``keep`` is the same compact sequence, its parts and columns count kept
+positions (below the block's end they are the positions themselves), and the base cache's plan follows over it.
+Only a host that lays out each request's positions itself (``host.PackedStep``: SGLang's whole-response forward)
+serves it; ``host_cache`` refuses it on the others with ``drops``, the reason.
 """
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ import torch
 
 from .base import Canvas, CacheState, kv_buffers, nbytes
 from .fast_dllm import PrefixCache, PrefixState
+from .host import HostPart, HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..options import check_choice, check_min
 
-HOST_GAP = ("suffix dropout takes canvas positions out of the forward (neither queries nor keys); a HostPlan can only "
-            "say which live positions a layer recomputes, and the hosts' attention (paged / radix) has no per-request "
-            "key mask over canvas positions")
+DROPS = ("suffix dropout takes canvas positions out of the forward (neither queries nor keys), and this host runs "
+         "every canvas position its scheduler placed, through an attention with no per-request key mask")
 
 
 class DPadState(PrefixState):
@@ -99,7 +100,7 @@ class DPadCache(PrefixCache):
 
     name: ClassVar[str] = "dpad"
     state_cls: ClassVar[type[CacheState]] = DPadState
-    host_gap: ClassVar[str] = HOST_GAP
+    drops: ClassVar[str] = DROPS
     cache: str = "dual"
     window: int = 256
     decay: str = "gaussian"
@@ -143,5 +144,12 @@ class DPadCache(PrefixCache):
         tail = np.arange(max(seq_len - self.tail, end), seq_len)
         return np.concatenate([np.arange(end), np.union1d(d, tail)])
 
-    def host_plan(self, req, step):
-        raise NotImplementedError(f"cache {self.name}: {HOST_GAP}")
+    def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
+        """The embedded state's step on a host: the block's compact sequence (``kept``) as the plan's ``keep``, the
+        base cache's rows over it (a new block is a refresh: its fresh range moved)."""
+        if step.block < 1:
+            raise ValueError(f"cache {self.name}: the host gave no block length")
+        keep = self.kept((step.start - step.prefix) // step.block, step.start + step.block, step.end)
+        plan = super().host_plan(req, replace(step, width=len(keep) - step.prefix))
+        plan.keep = keep
+        return plan

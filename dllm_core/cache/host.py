@@ -18,7 +18,10 @@ sequence: prompt, emitted tokens, then the canvas):
   ``always`` and, where ``schedule(layer)`` says so, every position (``full``) or the V-verify pick (``verify``,
   by ``reuse``); other positions reuse the stored features. Every part's features are stored back;
 * a ``probe`` (``executor.LayerProbe``: Elastic-Cache's drift test) is called after each layer with the request's
-  layer inputs and keys; it may have the layer run again over every position and moves what ``schedule`` says.
+  layer inputs and keys; it may have the layer run again over every position and moves what ``schedule`` says;
+* ``keep`` (DPad's suffix dropout): the positions the forward sees, ascending; the others are neither queries nor
+  keys. Run from, parts and columns then count kept positions (position p is kept position ``compact(p)``); only a
+  host that lays out each request's positions itself (``PackedStep``) serves such a plan (``CachePolicy.drops``).
 
 No host asks which policy it runs: it translates the plan into its own rows and slots.
 """
@@ -27,6 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 import torch
 
 Schedule = Callable[[int], tuple[bool, bool]]  # layer -> (every position recomputed, V-verify pick runs)
@@ -38,7 +42,8 @@ class HostStep:
     window in the block; ``shift`` 1 when position i is predicted by row i - 1 (Dream); the host holds
     ``prefix`` positions before the canvas of ``width`` positions; ``prompt``: the current generation's
     prompt part (the request's prompt, or everything before a canvas decoded as a generation of its own);
-    ``tokens`` [width]: the canvas's tokens now (on the device; None where the host does not say)."""
+    ``tokens`` [width]: the canvas's tokens now (on the device; None where the host does not say); ``block``: the
+    block's length (0 where the host does not say)."""
 
     start: int
     focus: tuple[int, int]
@@ -47,6 +52,7 @@ class HostStep:
     width: int
     prompt: int
     tokens: torch.Tensor | None = field(default=None, compare=False)
+    block: int = 0
 
     @property
     def fresh(self) -> tuple[int, int]:
@@ -93,11 +99,18 @@ class HostPart:
 @dataclass
 class HostPlan:
     """One request's step on a host: live positions from ``run_from`` and the cached ``parts``; ``probe``: the
-    policy's test after each layer (``executor.LayerProbe``: parts covering [0, end) in order, every position live)."""
+    policy's test after each layer (``executor.LayerProbe``: parts covering [0, end) in order, every position live);
+    ``keep`` [n]: the positions the forward sees, ascending (None: every one; positions and parts then count kept
+    positions, see the module doc)."""
 
     run_from: int
     parts: list[HostPart] = field(default_factory=list)
     probe: object | None = field(default=None, compare=False)
+    keep: np.ndarray | None = field(default=None, compare=False)
+
+    def compact(self, p: int) -> int:
+        """Position ``p`` counted in kept positions (those before it)."""
+        return p if self.keep is None else int(np.searchsorted(self.keep, p))
 
     def regions(self, base_row: int, stores, device, parts: list[HostPart] | None = None) -> list:
         """The executor's ``Region``s of ``parts`` (default: the plan's): position p at the forward's row
@@ -167,11 +180,12 @@ class HostRequest:
         self.block_steps = 0
 
     def plan(self, start: int, focus: tuple[int, int], shift: int, prefix: int, width: int,
-             changed: int = 0, tokens: torch.Tensor | None = None) -> HostPlan:
+             changed: int = 0, tokens: torch.Tensor | None = None, block: int = 0) -> HostPlan:
         """The policy's plan of this request's next denoise step, ``changed``: tokens its previous step changed (the
-        counters then move on); ``tokens`` [width]: the canvas now."""
+        counters then move on); ``tokens`` [width]: the canvas now; ``block``: the block's length."""
         self.changed = changed
-        plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt, tokens))
+        plan = self.policy.host_plan(self, HostStep(start, focus, shift, prefix, width, self.gen_prompt, tokens,
+                                                    block))
         self.steps, self.block_steps, self.canvas_steps = self.steps + 1, self.block_steps + 1, self.canvas_steps + 1
         return plan
 
@@ -188,19 +202,25 @@ class HostRequest:
 
 class PackedStep:
     """The step of a host that runs every position of its requests, laid out back to back in one forward's rows
-    (request i: its whole sequence [0, ends[i]) at rows [off[i], off[i + 1])), through the executor with the parts
-    each request's plan names (``parts``: (name, start, end) per request, ``HostPlan.cover``) and the core's
-    ``PackedAttention``. ``tally`` [N] counts each row's full-layer runs (work, summed without a sync)."""
+    (request i: its whole sequence [0, ends[i]) - or the positions its plan keeps - at rows [off[i], off[i + 1])),
+    through the executor with the parts each request's plan names (``parts``: (name, start, end) per request in
+    positions, ``HostPlan.cover``) and the core's ``PackedAttention``. ``kept`` [N]: each row's index in the requests'
+    whole sequences concatenated (None: every position is a row). ``tally`` [N] counts each row's full-layer runs
+    (work, summed without a sync)."""
 
     def __init__(self, plans: list[HostPlan], ends: list[int], parts: list[list[tuple[str, int, int]]], stores: list,
                  device):
         from ..models.layers import PackedAttention
         from .executor import CachedStep
 
-        self.off = [0, *torch.tensor(ends).cumsum(0).tolist()]
-        self.ends, self.device = ends, device
-        self.pos = torch.cat([torch.arange(e, device=device) for e in ends])  # [N]
-        self.parts = [[p.cover(*n) for n in names] for p, names in zip(plans, parts)]
+        seen = [np.arange(e) if p.keep is None else p.keep for p, e in zip(plans, ends)]  # each request's positions
+        self.plans, self.ends, self.lengths, self.device = plans, ends, [len(k) for k in seen], device
+        self.off = [0, *np.cumsum(self.lengths).tolist()]
+        self.pos = torch.as_tensor(np.concatenate(seen), device=device)  # [N]
+        whole = np.cumsum([0, *ends[:-1]])
+        self.kept = None if all(p.keep is None for p in plans) else \
+            torch.as_tensor(np.concatenate([o + k for o, k in zip(whole.tolist(), seen)]), device=device)
+        self.parts = [[p.cover(n, p.compact(a), p.compact(b)) for n, a, b in names] for p, names in zip(plans, parts)]
         self.regions = [p.regions(o, st, device, parts) for p, o, st, parts in zip(plans, self.off, stores, self.parts)]
         self.step = CachedStep([r for rs in self.regions for r in rs])
         self.attention = PackedAttention(self.off, device)
@@ -216,12 +236,17 @@ class PackedStep:
 
     def rows(self, starts: list[int], width: int, shift: int = 0) -> torch.Tensor:
         """The rows whose hidden states predict positions [start, start + width) of each request: [m, width]
-        (``shift`` 1: position p is predicted by row p - 1)."""
-        base = torch.tensor([o + s - shift for o, s in zip(self.off, starts)], device=self.device)
-        return base[:, None] + torch.arange(width, device=self.device)
+        (``shift`` 1: position p is predicted by row p - 1; those rows must be kept)."""
+        base = []
+        for p, o, s in zip(self.plans, self.off, starts):
+            a = p.compact(s - shift)
+            if p.compact(s - shift + width) - a != width:
+                raise ValueError(f"packed step: positions [{s - shift}, {s - shift + width}) are not all kept")
+            base.append(o + a)
+        return torch.tensor(base, device=self.device)[:, None] + torch.arange(width, device=self.device)
 
     def work(self) -> torch.Tensor:
         """Rows x layers run through a full layer, per request: [m] (no sync)."""
-        rid = torch.repeat_interleave(torch.arange(len(self.ends), device=self.device),
-                                      torch.tensor(self.ends, device=self.device))
-        return torch.zeros(len(self.ends), dtype=torch.long, device=self.device).index_add_(0, rid, self.tally)
+        n = len(self.lengths)
+        rid = torch.repeat_interleave(torch.arange(n, device=self.device), torch.tensor(self.lengths, device=self.device))
+        return torch.zeros(n, dtype=torch.long, device=self.device).index_add_(0, rid, self.tally)

@@ -45,8 +45,9 @@ class Served:
 
     def check(self, opts: DecodeOptions, where: str | None = None) -> DecodeOptions:
         """``opts`` checked against the served canvas and model (errors name ``where + option``)."""
+        where = self.prefix if where is None else where
         try:
-            cache = host_cache(opts.cache)
+            cache = host_cache(opts.cache, f"{where}cache")
             if self.block_causal:
                 check_paged_block_causal(self.block_causal, opts.block_length, cache)
             if opts.stream and not cache.refreshes_prefix:
@@ -56,7 +57,7 @@ class Served:
             if opts.block_length and canvas and canvas % opts.block_length:
                 raise OptionError("block_length", f"{opts.block_length} must divide the served canvas_length {canvas}")
         except OptionError as e:
-            raise ValueError(f"{self.prefix if where is None else where}{e.key} {e.rule}") from None
+            raise ValueError(f"{where}{e.key} {e.rule}") from None
         return opts
 
     def plan(self, opts: DecodeOptions, max_tokens: int | None) -> ResponsePlan:
@@ -141,10 +142,8 @@ def block_host_policy(value, where: str) -> CachePolicy:
     spec = check_value(value, "str", where)
     name, _, rest = (s.strip() for s in spec.partition(":"))
     every = registry(spec, where)
-    found = {n: c for n, c in every.items() if (c.refreshes_prefix or n in BLOCK_CANVAS) and not c.host_gap}
+    found = {n: c for n, c in every.items() if c.refreshes_prefix or n in BLOCK_CANVAS}
     if name not in found:
-        if name in every and every[name].host_gap:
-            raise ValueError(f"{where}: {name} runs in the embedded engine only ({every[name].host_gap})")
         raise ValueError(f"{where}: unknown policy {name!r}; allowed: {sorted(found)}")
     cls = CanvasCache if name in BLOCK_CANVAS else found[name]
     keys = [item.partition("=")[0].strip() for item in rest.split(",") if item.strip()]
@@ -156,7 +155,7 @@ def block_host_policy(value, where: str) -> CachePolicy:
         pol = parse_spec(spec, found, where)
     except OptionError as e:
         raise ValueError(e.under(where)) from None
-    return host_cache(pol, where)
+    return host_cache(pol, where, packs=True)  # the whole response: PackedStep
 
 
 def with_default_policy(cfg: dict, whole_response: bool) -> dict:

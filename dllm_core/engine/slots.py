@@ -243,9 +243,10 @@ class ResponseSlots:
         """Each row's ``HostPlan`` of this step (its canvas: positions [prefix, prefix + width) of the sequence),
         from its block and the sampler's focus; the policies' step counters move on."""
         start = np.asarray(prefix) + self.block_columns(slots)
-        return [self.host[s].plan(a, (lo, hi), shift, p, w, n, self.canvas[s, :w]) for s, a, (lo, hi), p, w, n in
+        return [self.host[s].plan(a, (lo, hi), shift, p, w, n, self.canvas[s, :w], b) for s, a, (lo, hi), p, w, n, b in
                 zip(slots.tolist(), start.tolist(), self.focus[slots].tolist(), np.broadcast_to(prefix, slots.shape)
-                    .tolist(), np.broadcast_to(width, slots.shape).tolist(), self.changed[slots].tolist())]
+                    .tolist(), np.broadcast_to(width, slots.shape).tolist(), self.changed[slots].tolist(),
+                    self.block_len[slots].tolist())]
 
     def block_columns(self, slots: np.ndarray) -> np.ndarray:
         """The canvas column where each row's block begins: [m]."""

@@ -260,14 +260,14 @@ class ResponseForward:
         return m.logits_processor(input_ids, h, m.lm_head, fb)
 
     def hidden(self, rows: list[RowPlan]) -> torch.Tensor:
-        """Pre-norm final hidden states [N, d] of every position [0, P + G) of each request, concatenated (the core's
-        ``PackedStep``: two parts per request, its prompt and its response); the prompt's K/V of a layer that
-        recomputed some of it are written into SGLang's pool."""
-        m, pool = self.model, get_token_to_kv_pool()
-        x = m.embed(torch.cat([r.ids for r in rows]))
+        """Pre-norm final hidden states [N, d] of each request's positions [0, P + G) that its plan keeps, concatenated
+        (the core's ``PackedStep``: two parts per request, its prompt and its response); the prompt's K/V of a layer
+        that recomputed some of it are written into SGLang's pool."""
+        m, pool, ids = self.model, get_token_to_kv_pool(), torch.cat([r.ids for r in rows])
         self.step = step = PackedStep([r.plan for r in rows], [r.resp.end for r in rows],
                                       [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
-                                      [r.resp.feats for r in rows], x.device)
+                                      [r.resp.feats for r in rows], ids.device)
+        x = m.embed(ids if step.kept is None else ids[step.kept])  # [N, d] (a plan may leave positions out)
         r2t = get_req_to_token_pool().req_to_token
         ploc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in rows])  # pool slots of the prompts
         for i, layer in enumerate(m.layers):
