@@ -1,8 +1,7 @@
 """Past the published caches: DPad's suffix dropout (``dpad``) and Elastic-Cache-style adaptive refresh
 (``elastic``). Exact modes equal the plain loop token for token (tiny models and the shipped long-answer model);
 the approximate modes do the work they claim, rows are independent of their batch, and bad options name the
-option and its allowed values. The paged hosts serve ``elastic``; ``dpad`` only a host that lays out each request's
-positions itself (SGLang's whole-response forward), vLLM refuses it with the reason (``drops``)."""
+option and its allowed values. The paged hosts serve both (``dpad``: a plan that keeps part of the positions)."""
 from pathlib import Path
 
 import numpy as np
@@ -151,12 +150,14 @@ def test_option_errors_name_the_option_and_allowed_values(spec, error):
     assert str(e.value) == error
 
 
-def test_hosts_serve_elastic_and_dpad_where_they_can(llada2_dir):
-    """The paged hosts serve ``elastic`` through the host contract (its drift test is the plan's probe; equalities
-    with the embedded engine: ``test_vllm_fast_dllm.py``, ``test_sglang_dllm_cache.py``). DPad's plan leaves
-    positions out of the forward: a block scheduler's whole-response forward (``PackedStep``) serves it, a host whose
-    scheduler places every canvas position (vLLM's entry, ``host_cache``) refuses it with why; a block-causal model
-    has no suffix to drop or to cache stale."""
+def test_hosts_serve_elastic_and_dpad(llada2_dir):
+    """The paged hosts serve ``elastic`` (its drift test is the plan's probe) and ``dpad`` (its plan keeps the
+    positions the forward sees) through the host contract; equalities with the embedded engine:
+    ``test_vllm_fast_dllm.py``, ``test_sglang_dllm_cache.py``. A block-causal model has no suffix to drop or to cache
+    stale: the embedded engine and a paged host's options refuse both."""
+    from dllm_core.engine.host_options import Served
+    from dllm_core.engine.request import DecodeOptions
+
     from dllm_core.engine.host_options import block_host_policy
 
     llada2 = load_model(llada2_dir)
@@ -165,14 +166,13 @@ def test_hosts_serve_elastic_and_dpad_where_they_can(llada2_dir):
         block_host_policy("lru", "DllmCore.cache")
     assert host_cache("elastic:gamma=0.7") == block_host_policy("elastic:gamma=0.7", "DllmCore.cache") == \
         ElasticCache(gamma=0.7)
-    assert ElasticCache.drops is None and DPadCache.drops
-    assert block_host_policy("dpad:window=16", "DllmCore.cache") == DPadCache(window=16)
-    with pytest.raises(ValueError, match="^--cache: dpad is not served by this host: suffix dropout takes canvas "
-                                         "positions out of the forward"):
-        host_cache("dpad")
+    assert host_cache("dpad:window=16") == block_host_policy("dpad:window=16", "DllmCore.cache") == DPadCache(window=16)
     with pytest.raises(ValueError, match="^DllmCore.cache: dpad has no option 'graphs'"):
         block_host_policy("dpad:graphs=false", "DllmCore.cache")
     for spec in ("dpad", "elastic"):
         with pytest.raises(ValueError, match=f"--cache {spec} is not available for the block-causal"):
             generate(llada2, [[20, 21, 22]], GenerationConfig(gen_length=8, block_length=llada2.block_causal,
                                                               cache=spec))
+        with pytest.raises(ValueError, match=f"^dllm_cache {spec} is not served for a block-causal model; allowed: "
+                                             r"\['none', 'prefix', 'dual'\]"):
+            Served(block_causal=32, prefix="dllm_").check(DecodeOptions(cache=spec))

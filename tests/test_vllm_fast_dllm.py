@@ -21,6 +21,7 @@ PROMPTS = [[25, 26, 27, 28, 29, 21, 33], [30, 31, 32], [40, 41, 42, 43, 44], [50
            [60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70]]
 GEN, BLOCK = 24, 8
 ELASTIC = "elastic:gamma=0.997,window=4,probe=1"  # a tiny model drifts little: some tests fail at 0.997
+DPAD, DPAD_G = "dpad:window=8,decay=none,tail=2", "dpad:cache=prefix,window=12,seed=3"  # G: keeps 3 of 12, 4 of 8
 # name -> (extra_args (dllm_steps: the total over the response), reference sampler, reference cache, block length,
 # steps per block[, max_tokens])
 CASES = {
@@ -61,6 +62,16 @@ CASES = {
                         "dllm_cache": ELASTIC}, "slowfast", ELASTIC, BLOCK, BLOCK),
     "elastic_exact": ({"dllm_cache": "elastic:gamma=1", "dllm_block_length": BLOCK, "dllm_steps": 12},
                       "low_confidence", "none", BLOCK, 4),
+    # DPad: the forward over the kept positions alone (suffix positions out, as queries and as keys)
+    "dpad_threshold": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
+                        "dllm_cache": DPAD}, "threshold:tau=0.6", DPAD, BLOCK, BLOCK),
+    "dpad_gaussian": ({"dllm_stream": False, "dllm_block_length": BLOCK, "dllm_steps": 12, "dllm_cache": DPAD_G},
+                      "low_confidence", DPAD_G, BLOCK, 4),
+    "dpad_alone": ({"dllm_stream": False, "dllm_sampler": "threshold:tau=0.6", "dllm_block_length": BLOCK,
+                    "dllm_cache": "dpad:cache=none,window=4,decay=none"}, "threshold:tau=0.6",
+                   "dpad:cache=none,window=4,decay=none", BLOCK, BLOCK),
+    "dpad_stream": ({"dllm_sampler": "slowfast", "dllm_block_length": BLOCK, "dllm_stream": True,
+                     "dllm_cache": DPAD_G}, "slowfast", DPAD_G, BLOCK, BLOCK),
     # streaming: each block is emitted when decoded; the next canvas is the rest of the response
     "dual_stream": ({"dllm_block_length": BLOCK, "dllm_steps": 12, "dllm_stream": True}, "low_confidence", "dual",
                     BLOCK, 4),
@@ -132,6 +143,7 @@ def test_the_caches_change_the_output(served):
     assert outs["dual_threshold"] != vanilla or outs["prefix_threshold"] != vanilla
     assert outs["dllm_threshold"] != vanilla
     assert outs["elastic_threshold"] != vanilla
+    assert outs["dpad_alone"] != vanilla
 
 
 def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
@@ -142,7 +154,8 @@ def test_streaming_is_refused_without_a_prefix_refreshing_cache(served):
 
 
 @pytest.mark.parametrize("case", ["dual_threshold", "prefix_threshold", "dllm_threshold", "dual_stream",
-                                  "dllm_stream", "elastic_threshold", "elastic_stream"])
+                                  "dllm_stream", "elastic_threshold", "elastic_stream", "dpad_threshold",
+                                  "dpad_stream"])
 def test_work_counters_equal_the_embedded_engine(served, case):
     """The host reports each request's work in the embedded engine's units: the same token-layer
     evaluations and vanilla baseline; vLLM's prompt prefill and its commit forwards run no layer

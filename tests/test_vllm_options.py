@@ -48,8 +48,6 @@ def test_steps_is_the_total_over_the_response():
     ({"cache": "dual:every=x"}, "--additional-config dllm.cache: --cache dual.every"),
     ({"cache": "bogus"}, "--additional-config dllm.cache: --cache: unknown policy 'bogus'"),
     ({"steps": 0}, "--additional-config dllm.steps: steps must be >= 1"),
-    ({"cache": "dpad:window=64"}, "--additional-config dllm.cache: dpad is not served by this host: suffix dropout "
-                                  "takes canvas positions out of the forward"),
     ({"steps": "8"}, "--additional-config dllm.steps must be an integer"),
     ({"speed": 2}, "--additional-config dllm.speed: unknown dllm option; allowed: ['block_length', 'cache', "),
 ])
@@ -72,7 +70,6 @@ def test_request_options_override_server_ones():
 @pytest.mark.parametrize("xargs, msg", [
     ({"dllm_sampler": "threshold:tau=1.5"}, "extra_args.dllm_sampler: --sampler threshold.tau must be in"),
     ({"dllm_cache": "prefix:every=-2"}, "extra_args.dllm_cache: --cache prefix.every must be >= 0"),
-    ({"dllm_cache": "dpad"}, "extra_args.dllm_cache: dpad is not served by this host: suffix dropout"),
     ({"dllm_logits_eos_inf": "maybe"}, "extra_args.dllm_logits_eos_inf must be true or false"),
     ({"dllm_temperature": -1}, "extra_args.dllm_temperature: temperature must be >= 0"),
     ({"dllm_seed": 1}, "extra_args.dllm_seed: the seed is server-wide"),

@@ -37,15 +37,12 @@ def make_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolic
     return spec if isinstance(spec, CachePolicy) else parse_spec(spec, registry(spec, option), option)
 
 
-def host_cache(spec: "str | CachePolicy", option: str = "--cache", packs: bool = False) -> CachePolicy:
+def host_cache(spec: "str | CachePolicy", option: str = "--cache") -> CachePolicy:
     """The policy a paged host engine runs for a cache option: a policy that refreshes the prefix (Fast-dLLM's
     ``prefix`` / ``dual``, dLLM-Cache's ``dllm``, any ``LayerSchedule``, ``elastic``, ``dpad``) as it is (the prefix
     K/V live in the host's paged cache, recomputed in place at its refreshes), ``none`` / ``canvas:..`` as the
-    block-canvas policy. ``packs``: the host lays out each request's positions itself (``host.PackedStep``); a
-    policy whose forward leaves positions out (``drops``: DPad) is refused elsewhere, with why."""
+    block-canvas policy."""
     pol = make_cache(spec, option)
-    if pol.drops and not packs:
-        raise ValueError(f"{option}: {pol.name} is not served by this host: {pol.drops}")
     return pol if pol.refreshes_prefix else CanvasCache.from_spec(pol, option)
 
 

@@ -110,9 +110,6 @@ class CachePolicy:
     refreshes_prefix: ClassVar[bool] = False
     picks: ClassVar[bool] = False  # rows picked by features (V-verify, a drift test): tensor-parallel ranks differ
     spans_response: ClassVar[bool] = False  # a host's features span the whole response (not only the canvas)
-    # its plans leave positions out of the forward (``HostPlan.keep``): served only by a host that lays out each
-    # request's positions itself (``host.PackedStep``); None: every host serves it, else what the others lack
-    drops: ClassVar[str | None] = None
 
     @property
     def stores_features(self) -> bool:

@@ -27,9 +27,8 @@ Exact mode: ``decay=none`` with a ``window`` reaching the canvas end keeps every
 (``dpad:cache=dual,window=<gen_length>,decay=none`` equals ``dual``; ``cache=none`` equals ``none``), token for token.
 
 On a host (``host_plan``): the plan's ``keep`` is the same compact sequence, its parts and columns count kept
-positions (below the block's end they are the positions themselves), and the base cache's plan follows over it.
-Only a host that lays out each request's positions itself (``host.PackedStep``: SGLang's whole-response forward)
-serves it; ``host_cache`` refuses it on the others with ``drops``, the reason.
+positions (below the block's end they are the positions themselves), and the base cache's plan follows over it; the
+host runs the kept positions alone, as a compact sequence (``cache.host``).
 """
 from __future__ import annotations
 
@@ -45,9 +44,6 @@ from .fast_dllm import PrefixCache, PrefixState
 from .host import HostPart, HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..options import check_choice, check_min
-
-DROPS = ("suffix dropout takes canvas positions out of the forward (neither queries nor keys), and this host runs "
-         "every canvas position its scheduler placed, through an attention with no per-request key mask")
 
 
 class DPadState(PrefixState):
@@ -100,7 +96,6 @@ class DPadCache(PrefixCache):
 
     name: ClassVar[str] = "dpad"
     state_cls: ClassVar[type[CacheState]] = DPadState
-    drops: ClassVar[str] = DROPS
     cache: str = "dual"
     window: int = 256
     decay: str = "gaussian"
@@ -145,11 +140,12 @@ class DPadCache(PrefixCache):
         return np.concatenate([np.arange(end), np.union1d(d, tail)])
 
     def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
-        """The embedded state's step on a host: the block's compact sequence (``kept``) as the plan's ``keep``, the
-        base cache's rows over it (a new block is a refresh: its fresh range moved)."""
+        """The embedded state's step on a host: the block's compact sequence (``kept``; the block counted in the
+        generation, as streamed canvases continue it) as the plan's ``keep``, the base cache's rows over it (a new
+        block is a refresh: its fresh range moved)."""
         if step.block < 1:
             raise ValueError(f"cache {self.name}: the host gave no block length")
-        keep = self.kept((step.start - step.prefix) // step.block, step.start + step.block, step.end)
+        keep = self.kept((step.start - step.prompt) // step.block, step.start + step.block, step.end)  # its block
         plan = super().host_plan(req, replace(step, width=len(keep) - step.prefix))
         plan.keep = keep
         return plan

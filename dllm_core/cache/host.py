@@ -20,8 +20,9 @@ sequence: prompt, emitted tokens, then the canvas):
 * a ``probe`` (``executor.LayerProbe``: Elastic-Cache's drift test) is called after each layer with the request's
   layer inputs and keys; it may have the layer run again over every position and moves what ``schedule`` says;
 * ``keep`` (DPad's suffix dropout): the positions the forward sees, ascending; the others are neither queries nor
-  keys. Run from, parts and columns then count kept positions (position p is kept position ``compact(p)``); only a
-  host that lays out each request's positions itself (``PackedStep``) serves such a plan (``CachePolicy.drops``).
+  keys. Run from, parts and columns then count kept positions (position p is kept position ``compact(p)``): the
+  host runs the kept positions as a compact sequence (their RoPE positions their own; vLLM: the kept rows take the
+  paged slots of the first ones; ``PackedStep``: only the kept rows).
 
 No host asks which policy it runs: it translates the plan into its own rows and slots.
 """
@@ -247,6 +248,6 @@ class PackedStep:
 
     def work(self) -> torch.Tensor:
         """Rows x layers run through a full layer, per request: [m] (no sync)."""
-        n = len(self.lengths)
-        rid = torch.repeat_interleave(torch.arange(n, device=self.device), torch.tensor(self.lengths, device=self.device))
-        return torch.zeros(n, dtype=torch.long, device=self.device).index_add_(0, rid, self.tally)
+        n, dev = len(self.lengths), self.device
+        rid = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(self.lengths, device=dev))
+        return torch.zeros(n, dtype=torch.long, device=dev).index_add_(0, rid, self.tally)

@@ -128,7 +128,8 @@ def check_paged_block_causal(block_size: int, block_length: int | None, cache: C
     if block_length is not None and block_length != block_size:
         raise OptionError("block_length", f"{block_length} does not match the checkpoint's block_size {block_size} "
                                           f"(the model attends block-causally over blocks of {block_size})")
-    if not (isinstance(cache, PrefixCache) or (isinstance(cache, CanvasCache) and cache.exact)):  # none: exact canvas
+    if not ((isinstance(cache, PrefixCache) and cache.name in PAGED_BLOCK_CAUSAL_CACHES)
+            or (isinstance(cache, CanvasCache) and cache.exact)):  # none: exact canvas
         raise OptionError("cache", f"{cache.name} is not served for a block-causal model; allowed: "
                                    f"{list(PAGED_BLOCK_CAUSAL_CACHES)}")
 

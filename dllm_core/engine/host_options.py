@@ -155,7 +155,7 @@ def block_host_policy(value, where: str) -> CachePolicy:
         pol = parse_spec(spec, found, where)
     except OptionError as e:
         raise ValueError(e.under(where)) from None
-    return host_cache(pol, where, packs=True)  # the whole response: PackedStep
+    return host_cache(pol, where)
 
 
 def with_default_policy(cfg: dict, whole_response: bool) -> dict:

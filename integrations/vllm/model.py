@@ -117,14 +117,21 @@ def _attention_of(ext):
 
 
 def extend_rows(ext, x: torch.Tensor, positions: torch.Tensor, embed):
-    """The step's rows x [N, d] / positions [N] with the extension's extra prefix rows placed among them
-    -> [N_ext, d], [N_ext] (no padding rows are carried into the extended batch)."""
-    n = ext.orig.shape[0]
+    """The step's rows x [N, d] / positions [N] with the extension's extra prefix rows placed among them and the
+    rows it leaves out gone -> [N_ext, d], [N_ext] (no padding rows are carried into the extended batch)."""
+    src = slice(0, ext.orig.shape[0]) if ext.sched is None else ext.sched
     xe = x.new_empty(ext.n_tokens, x.shape[-1])
-    xe[ext.orig], xe[ext.rows] = x[:n], embed(ext.ids)
+    xe[ext.orig], xe[ext.rows] = x[src], embed(ext.ids)
     pe = positions.new_empty(ext.n_tokens)
-    pe[ext.orig], pe[ext.rows] = positions[:n], ext.pos.to(positions.dtype)
+    pe[ext.orig], pe[ext.rows] = positions[src], ext.pos.to(positions.dtype)
     return xe, pe
+
+
+def scheduled_rows(ext, h: torch.Tensor, n: int) -> torch.Tensor:
+    """The extended batch's rows h [N_ext, d] back at the step's ``n`` scheduled tokens (rows left out: zeros)."""
+    if ext.sched is None:
+        return h[ext.orig]
+    return h.new_zeros(n, h.shape[-1]).index_copy_(0, ext.sched, h[ext.orig])
 
 
 class DllmForDiffusion(nn.Module):
@@ -169,6 +176,7 @@ class DllmForDiffusion(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
+        n = x.shape[0]
         plan = self.dllm_state.plan if self.dllm_state is not None else None
         ext = plan.ext if plan is not None else None
         if ext is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
@@ -187,7 +195,7 @@ class DllmForDiffusion(nn.Module):
         h = self.norm(x)
         if plan is not None and plan.capture_rows is not None:
             self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
-        return h if ext is None else h[ext.orig]
+        return h if ext is None else scheduled_rows(ext, h, n)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         return self.logits_processor(self.lm_head, hidden_states)

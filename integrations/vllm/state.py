@@ -40,6 +40,9 @@ class Extension:
     ids: torch.Tensor           # [E] their token ids
     pos: torch.Tensor           # [E] their positions
     extra: np.ndarray           # [n] extra rows per request (host)
+    drop: np.ndarray            # [n] scheduled rows a plan leaves out (DPad; host)
+    sched: torch.Tensor | None = None  # [N'] the scheduled tokens the rows ``orig`` carry (None: all, in order)
+    at: torch.Tensor | None = None     # [N'] the scheduled tokens whose paged slots those rows take
     metadata: dict | None = None      # per-layer attention metadata of the extended batch
     slot_mapping: dict | None = None  # per-layer slot mapping of the extended batch
 
@@ -211,12 +214,13 @@ class DllmModelState(ModelState):
         for i in np.flatnonzero(commit & whole):  # emitted as is (a refreshing policy's next step refreshes it)
             if (hp := hosts[i].commit_plan(int(prefix[i]), int(qlen[i]))) is not None:
                 plans[i] = hp
-        extra = np.zeros(n, dtype=np.int64)
+        extra, drop = np.zeros(n, dtype=np.int64), np.zeros(n, dtype=np.int64)
         for i, hp in plans.items():
             extra[i] = prefix[i] - hp.run_from
+            drop[i] = 0 if hp.keep is None else prefix[i] + qlen[i] - len(hp.keep)
         if st.block_causal:  # the canvas's grid block begins with the prompt tail: recomputed beside it
             extra[is_canvas] = st.offset[slots[is_canvas]]
-        ext = self._extension(ib, slots, qlen, extra) if extra.any() else None
+        ext = self._extension(ib, slots, qlen, extra, drop, plans) if extra.any() or drop.any() else None
         start = ext.qsl if ext is not None else ib.query_start_loc_np  # request starts in the forward's rows
         plan = StepPlan(ext=ext)
         if st.block_causal:
@@ -235,7 +239,7 @@ class DllmModelState(ModelState):
             plan.cached = CachedStep(regions, core.generator)
         # work: each row's slot (the forward sums its full-layer runs into it) and, for denoise steps, what the
         # vanilla loop would run (the whole sequence in every layer)
-        plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), qlen + extra))
+        plan.row_slots = self._rows(np.repeat(np.where(known, slots, st.max_reqs), qlen + extra - drop))
         core.count(slots[known], np.where(denoise, (prefix + qlen) * core.layers, 0)[known])
         return plan
 
@@ -249,17 +253,24 @@ class DllmModelState(ModelState):
     def _rows(self, a) -> torch.Tensor:
         return torch.as_tensor(np.asarray(a), dtype=torch.long, device=self.device)
 
-    def _extension(self, ib, slots, qlen, extra) -> Extension:
+    def _extension(self, ib, slots, qlen, extra, drop, plans) -> Extension:
         """The batch with each request's extra prefix rows placed before its scheduled rows (their ids from
-        vLLM's token ids of the request)."""
+        vLLM's token ids of the request) and without the scheduled rows its plan leaves out: the kept ones, in
+        order, take the paged slots of its first scheduled tokens (the attention reads a compact sequence)."""
         n, done = len(slots), ib.num_computed_tokens_np[:len(slots)]
-        qsl = np.concatenate([[0], np.cumsum(extra + qlen)])
+        qsl = np.concatenate([[0], np.cumsum(extra + qlen - drop)])
         orig = np.concatenate([np.arange(qsl[i] + extra[i], qsl[i + 1]) for i in range(n)])
         who = np.flatnonzero(extra)
         rows = np.concatenate([np.arange(qsl[i], qsl[i] + extra[i]) for i in who])
         pos = self._rows(np.concatenate([np.arange(done[i] - extra[i], done[i]) for i in who]))
         ids = self.states.token_ids[self._rows(np.repeat(slots[who], extra[who])), pos].long()
-        return Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), ids, pos, extra)
+        ext = Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), ids, pos, extra, drop)
+        if drop.any():
+            q0, kept = ib.query_start_loc_np[:n], qlen - drop
+            cols = [plans[i].keep[done[i]:] - done[i] if drop[i] else np.arange(qlen[i]) for i in range(n)]
+            ext.sched = self._rows(np.concatenate([q0[i] + c for i, c in enumerate(cols)]))
+            ext.at = self._rows(np.concatenate([q0[i] + np.arange(kept[i]) for i in range(n)]))
+        return ext
 
     # ---- attention metadata ---------------------------------------------------------------------
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
@@ -268,20 +279,23 @@ class DllmModelState(ModelState):
         self.states.plan = plan = None if for_capture else self._plan(ib)
         # Per-request causal flag (CPU_ATTN / FlashAttention): 0 for every LLaDA / Dream step.
         causal = self._causal[:num_reqs]
-        common = dict(attn_groups=attn_groups, num_reqs=num_reqs, seq_lens=ib.seq_lens, max_seq_len=self.max_model_len,
+        common = dict(attn_groups=attn_groups, num_reqs=num_reqs, max_seq_len=self.max_model_len,
                       block_tables=block_tables, kv_cache_config=kv_cache_config, causal=causal)
         if plan is not None and plan.ext is not None:
             ext = plan.ext
             ext_slots = self._ext_slots(ib, ext, block_tables, slot_mappings, kv_cache_config)
+            seq_lens = ib.seq_lens if not ext.drop.any() else \
+                ib.seq_lens[:num_reqs] - torch.as_tensor(ext.drop, dtype=ib.seq_lens.dtype, device=self.device)
             ext.metadata = build_attn_metadata(
                 num_tokens=ext.n_tokens, query_start_loc_gpu=torch.as_tensor(ext.qsl, device=self.device),
                 query_start_loc_cpu=torch.from_numpy(ext.qsl), max_query_len=int(np.diff(ext.qsl).max()),
-                slot_mappings=ext_slots, **common)
+                seq_lens=seq_lens, slot_mappings=ext_slots, **common)
             ext.slot_mapping = build_slot_mappings_by_layer(ext_slots, kv_cache_config)
         return build_attn_metadata(
             num_tokens=ib.num_tokens, query_start_loc_gpu=ib.query_start_loc,
             query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
-            max_query_len=int(ib.num_scheduled_tokens.max()), slot_mappings=slot_mappings, **common)
+            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings,
+            **common)
 
     def _ext_slots(self, ib, ext: Extension, block_tables, slot_mappings, kv_cache_config) -> torch.Tensor:
         """Paged slots [groups, n_tokens] of the extended batch: vLLM's for the scheduled rows, from
@@ -291,7 +305,7 @@ class DllmModelState(ModelState):
         out = slot_mappings.new_empty(slot_mappings.shape[0], ext.n_tokens)
         for g, (bt, group) in enumerate(zip(block_tables, kv_cache_config.kv_cache_groups)):
             bs = group.kv_cache_spec.block_size
-            out[g, ext.orig] = slot_mappings[g, :ib.num_tokens]
+            out[g, ext.orig] = slot_mappings[g, :ib.num_tokens] if ext.at is None else slot_mappings[g, ext.at]
             out[g, ext.rows] = (bt[req, ext.pos // bs] * bs + ext.pos % bs).to(out.dtype)
         return out
 
