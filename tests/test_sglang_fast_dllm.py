@@ -191,8 +191,8 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
 
 
 BAD = [("FastDllmThreshold", "cache: triple",
-        r"FastDllmThreshold\.cache: unknown policy 'triple'; allowed: \['canvas', 'dllm', 'dual', 'elastic', 'none', "
-        r"'prefix'\]"),
+        r"FastDllmThreshold\.cache: unknown policy 'triple'; allowed: \['canvas', 'dllm', 'dpad', 'dual', 'elastic', "
+        r"'none', 'prefix'\]"),
        ("DllmCore", "cache: 'dllm:kp=0'", r"DllmCore\.cache\.kp must be >= 1, got 0"),
        ("DllmCore", "cache: 'dllm:graphs=false'",
         r"DllmCore\.cache: dllm has no option 'graphs'; allowed: \['first_layer', 'first_layer_prompt', 'kp', "

@@ -218,9 +218,8 @@ class PackedStep:
         self.plans, self.ends, self.lengths, self.device = plans, ends, [len(k) for k in seen], device
         self.off = [0, *np.cumsum(self.lengths).tolist()]
         self.pos = torch.as_tensor(np.concatenate(seen), device=device)  # [N]
-        whole = np.cumsum([0, *ends[:-1]])
-        self.kept = None if all(p.keep is None for p in plans) else \
-            torch.as_tensor(np.concatenate([o + k for o, k in zip(whole.tolist(), seen)]), device=device)
+        self.kept = None if all(p.keep is None for p in plans) else torch.as_tensor(  # offsets in the whole sequences
+            np.concatenate([o + k for o, k in zip(np.cumsum([0, *ends[:-1]]).tolist(), seen)]), device=device)
         self.parts = [[p.cover(n, p.compact(a), p.compact(b)) for n, a, b in names] for p, names in zip(plans, parts)]
         self.regions = [p.regions(o, st, device, parts) for p, o, st, parts in zip(plans, self.off, stores, self.parts)]
         self.step = CachedStep([r for rs in self.regions for r in rs])
