@@ -128,7 +128,7 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
         if counters is not None and g.reuse.select != "random":
             counters.v_only += g.cand[1] - g.cand[0]
         pick = g.reuse.pick(new, old, n, generator) + g.cand[0]  # [m', n] region columns
-        rec[g.rows[idx].gather(1, pick).flatten()] = True
+        rec.index_fill_(0, g.rows[idx].gather(1, pick).flatten(), True)  # a scalar fill: no copy (CUDA graphs)
     return rec
 
 
