@@ -100,8 +100,12 @@ def engines(checkpoints):
              for case in CASES.values() for p in PROMPTS]
     invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": xa.get("max_tokens", 8),
                 "extra_args": {k: v for k, v in xa.items() if k != "max_tokens"}}} for xa in INVALID.values()]
+    # DPad alone in a batch: its steps between refreshes add no prefix row and drop canvas rows
+    alone = [{"prompt_token_ids": p, "params": {"max_tokens": GEN, "ignore_eos": True,
+                                                "extra_args": CASES["dpad_threshold"][0]}} for p in PROMPTS[:1]]
     engine = {**ENGINE, "diffusion_config": {"canvas_length": GEN}}
-    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch], "invalid": invalid, "work": True})
+    procs = {a: start_engine({"model": str(d), "engine": engine, "batches": [batch, alone], "invalid": invalid,
+                              "work": True})
              for a, d in checkpoints.items()}
     yield procs
     for p in procs.values():
@@ -113,6 +117,7 @@ def served(request, engines, checkpoints):
     res = finish_engine(engines[request.param])
     outs, n = res["batches"][0], len(PROMPTS)
     per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    per_case["dpad_threshold_alone"] = res["batches"][1]
     work = {name: res["work"][0][i * n:(i + 1) * n] for i, name in enumerate(CASES)}
     return per_case, load_model(checkpoints[request.param]), dict(zip(INVALID, res["invalid"])), work
 
@@ -134,6 +139,14 @@ def test_greedy_output_equals_embedded_policy(served, case):
     outs, model, *_ = served
     _, sampler, cache, block, steps, *gen = CASES[case]
     assert outs[case] == reference(model, sampler, cache, block, steps, *gen)
+
+
+def test_dpad_alone_in_a_batch(served):
+    """A batch of DPad requests only: its steps between refreshes add no prefix row to the forward, only drop canvas
+    rows (the Extension then holds no extra row)."""
+    outs, model, *_ = served
+    _, sampler, cache, block, steps = CASES["dpad_threshold"]
+    assert outs["dpad_threshold_alone"] == reference(model, sampler, cache, block, steps)[:1]
 
 
 def test_the_caches_change_the_output(served):

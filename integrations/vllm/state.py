@@ -260,9 +260,9 @@ class DllmModelState(ModelState):
         n, done = len(slots), ib.num_computed_tokens_np[:len(slots)]
         qsl = np.concatenate([[0], np.cumsum(extra + qlen - drop)])
         orig = np.concatenate([np.arange(qsl[i] + extra[i], qsl[i + 1]) for i in range(n)])
-        who = np.flatnonzero(extra)
-        rows = np.concatenate([np.arange(qsl[i], qsl[i] + extra[i]) for i in who])
-        pos = self._rows(np.concatenate([np.arange(done[i] - extra[i], done[i]) for i in who]))
+        who, none = np.flatnonzero(extra), [np.zeros(0, dtype=np.int64)]  # (a DPad step may add no prefix row)
+        rows = np.concatenate(none + [np.arange(qsl[i], qsl[i] + extra[i]) for i in who])
+        pos = self._rows(np.concatenate(none + [np.arange(done[i] - extra[i], done[i]) for i in who]))
         ids = self.states.token_ids[self._rows(np.repeat(slots[who], extra[who])), pos].long()
         ext = Extension(int(qsl[-1]), qsl.astype(np.int32), self._rows(orig), self._rows(rows), ids, pos, extra, drop)
         if drop.any():
