@@ -41,7 +41,7 @@ import torch
 
 from .base import Canvas, CacheState, kv_buffers, nbytes
 from .fast_dllm import PrefixCache, PrefixState
-from .host import HostPart, HostPlan, HostRequest, HostStep
+from .host import HostPlan, HostRequest, HostStep
 from .graphs import GraphRunner
 from ..options import check_choice, check_min
 
