@@ -101,6 +101,24 @@ def test_dllm_adaptive_rho_one_equals_response_refresh(model):
         assert r.counters.token_layers == base.counters.token_layers
 
 
+def test_dllm_assembles_only_the_rows_read_downstream(model, monkeypatch):
+    """A forward whose later layers recompute no prompt row assembles the output of the rows read downstream alone
+    (``cached_layer(live=...)``: the response, and Dream's row left of it); the same tokens as assembling every
+    row, for step and token schedules, shared and per-row plans (a parallel sampler)."""
+    from dllm_core.cache import dllm_cache, executor
+
+    every_row = lambda *a, live=None, **k: executor.cached_layer(*a, **k)  # noqa: E731
+    cases = [(CFG, "dllm:kp=4,kr=2,rho=0.25"), (CFG, "dllm:kp=5,kr=3,rho=0.5,first_layer_prompt=false"),
+             (GenerationConfig(gen_length=16, block_length=8, steps=16, sampler="threshold:tau=0.7"),
+              "dllm:kp=6,kr=3,rho=0.25,unit=tokens,first_layer_prompt=false")]
+    for cfg, cache in cases:
+        live = generate(model, PROMPTS, cfg, cache=cache)
+        with monkeypatch.context() as m:
+            m.setattr(dllm_cache, "cached_layer", every_row)
+            full = generate(model, PROMPTS, cfg, cache=cache)
+        assert live.tokens.tolist() == full.tokens.tolist() and live.nfe == full.nfe, cache
+
+
 def test_dllm_cache_selection_variants_differ(dream):
     outs = {s: generate(dream, PROMPTS, CFG, cache=f"dllm:kp=50,kr=7,rho=0.25,{s}").tokens
             for s in ("select=value", "select=random", "metric=l2")}

@@ -56,15 +56,16 @@ class ScheduleState(CacheState):
             rows = [tuple(pol.layer_plan(c, i, due) for i in range(n)) for due in dues]
             if any(r != rows[0] for r in rows):
                 self._tally(rows)
-                return self._forward(x, rows)[:, need[0]:need[1]]
+                return self._forward(x, rows, need[0])[:, need[0]:need[1]]
             plans = rows[0]
         else:
             plans = tuple(pol.layer_plan(c, i) for i in range(n))
         self._tally([plans])
         graphs = self.use_graphs and pol.select != "random"
-        if plans not in self.runs:
-            self.runs[plans] = GraphRunner(lambda ids: self._forward(ids, [plans]), graphs)
-        return self.runs[plans](x)[:, need[0]:need[1]]
+        key = plans, min(need[0], self.canvas.prompt_len)  # the output is read from key[1] on
+        if key not in self.runs:
+            self.runs[key] = GraphRunner(lambda ids: self._forward(ids, [plans], key[1]), graphs)
+        return self.runs[key](x)[:, need[0]:need[1]]
 
     def _count(self, plan: tuple[bool, bool, bool]) -> int:
         """Positions per row a layer plan (prompt full, response full, verify) recomputes."""
@@ -82,15 +83,16 @@ class ScheduleState(CacheState):
         c.token_layers += round(sum(self._count(p) for plans in rows for p in plans) / len(rows))
         c.v_only += round(sum(T - P for plans in rows for p in plans if p[2] and verified) / len(rows))
 
-    def _forward(self, ids, rows: list[tuple]):
-        """ids [B, T] -> hidden [B, T, d], each layer run through the executor by ``rows``: one plan for every row
-        ([plans]: fixed shapes, graph-capturable) or a plan per row (``rows[b]``: per layer (prompt, response,
-        verify))."""
+    def _forward(self, ids, rows: list[tuple], need: int):
+        """ids [B, T] -> hidden [B, T, d] (exact from position ``need`` on), each layer run through the executor by
+        ``rows``: one plan for every row ([plans]: fixed shapes, graph-capturable) or a plan per row (``rows[b]``:
+        per layer (prompt, response, verify))."""
         m, cv = self.model, self.canvas
         (B, T), P = ids.shape, cv.prompt_len
         h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]
         rows = rows * B if len(rows) == 1 else rows
         shared = all(r is rows[0] for r in rows)
+        prompt = [any(plan[i][0] for plan in rows) for i in range(len(m.layers))]  # a layer recomputes a prompt
         for i, (layer, feats) in enumerate(zip(m.layers, self.feats)):
             rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
             for b, plan in ([(slice(None), rows[0])] if shared else enumerate(rows)):
@@ -98,7 +100,8 @@ class ScheduleState(CacheState):
             g = CachedRows(self.rows, feats, rec, [plan[i][2] for plan in rows], self.policy, (P, T), dense=True)
             n = self._count(rows[0][i]) if shared else None  # positions each row recomputes, when all agree
             ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
-            h = cached_layer(ops, h, pos, [g], self.gen, count=None if n is None else B * n)
+            live = None if any(prompt[i + 1:]) else (min(P, need), T)  # no later layer reads the prompt's rows
+            h = cached_layer(ops, h, pos, [g], self.gen, count=None if n is None else B * n, live=live)
         return h.view(B, T, -1)
 
 

@@ -134,11 +134,13 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
 
 def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows],
                  generator: torch.Generator | None = None, count: int | None = None, counters=None,
-                 tally: torch.Tensor | None = None) -> torch.Tensor:
+                 tally: torch.Tensor | None = None, live: tuple[int, int] | None = None) -> torch.Tensor:
     """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups`` (at least
     one): -> [N, d]. ``count``: the number of recomputed rows when the caller knows it (fixed shapes,
     no device sync: CUDA-graph capturable); otherwise it is read from the mask. ``tally`` [N]: + 1 at
-    each row run through the full layer (a host's per-request work, no sync)."""
+    each row run through the full layer (a host's per-request work, no sync). ``live`` (one dense group): the
+    region columns [lo, hi) whose output is read downstream; only they are assembled, in x itself (the other
+    rows of the result hold stale values)."""
     rec = recompute_mask(ops, x, pos, groups, generator, counters)
     if tally is not None:
         tally += rec
@@ -146,14 +148,20 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     dense = len(groups) == 1 and groups[0].dense
     k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
     if ridx.shape[0]:
-        q, k[ridx], v[ridx] = ops.qkv(x[ridx], pos[ridx])
+        xr = x[ridx]  # [n, d]
+        q, k[ridx], v[ridx] = ops.qkv(xr, pos[ridx])
         a[ridx] = att = ops.attend(q, k, v, ridx)
-        f[ridx] = ops.ffn(x[ridx] + att)
+        f[ridx] = ops.ffn(xr + att)
     if not dense:
         for g in groups:
             for buf, t in zip(g.feats.tensors(), (k, v, a, f)):
                 buf.copy_(t[g.rows])
-    return x + a + f
+    if live is None:
+        return x + a + f
+    m, (lo, hi) = groups[0].rows.shape[0], live
+    cols = [t.view(m, -1, t.shape[-1])[:, lo:hi] for t in (x, a, f)]  # [m, hi - lo, d] each
+    cols[0].add_(cols[1]).add_(cols[2])
+    return x
 
 
 def _flat(groups: Sequence[CachedRows], x: torch.Tensor):
