@@ -105,7 +105,7 @@ def _candidates(ops: LayerOps, x, pos, g: CachedRows, idx: torch.Tensor):
     lo, hi = g.cand
     rows = g.rows[idx, lo:hi]  # [m', R]
     if g.reuse.select == "value":
-        new = ops.value(x[rows.flatten()]).view(*rows.shape, -1)
+        new = ops.value(x.index_select(0, rows.flatten())).view(*rows.shape, -1)
         old = g.feats.v[idx, lo:hi].clone()
         g.feats.v[idx, lo:hi] = new
         return new, old
@@ -147,11 +147,12 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
     dense = len(groups) == 1 and groups[0].dense
     k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
-    if ridx.shape[0]:
-        xr = x[ridx]  # [n, d]
-        q, k[ridx], v[ridx] = ops.qkv(xr, pos[ridx])
-        a[ridx] = att = ops.attend(q, k, v, ridx)
-        f[ridx] = ops.ffn(xr + att)
+    if ridx.shape[0]:  # (index_select / index_copy_: row copies without advanced indexing's overhead)
+        xr = x.index_select(0, ridx)  # [n, d]
+        q, kr, vr = ops.qkv(xr, pos.index_select(0, ridx))
+        k.index_copy_(0, ridx, kr), v.index_copy_(0, ridx, vr)
+        att = ops.attend(q, k, v, ridx)
+        a.index_copy_(0, ridx, att), f.index_copy_(0, ridx, ops.ffn(xr + att))
     if not dense:
         for g in groups:
             for buf, t in zip(g.feats.tensors(), (k, v, a, f)):
