@@ -37,7 +37,7 @@ class ScheduleState(CacheState):
         self.rows = torch.arange(B * T, device=dev).view(B, T)  # [B, T] flat row of each position
         self.step, self.block_step, self.block = 0, 0, None  # the generation's steps, the block's, its index
         self.gen = torch.Generator(dev).manual_seed(policy.seed)
-        self.runs: dict[tuple, GraphRunner] = {}  # per-layer plan pattern -> forward
+        self.runs: dict[tuple, GraphRunner] = {}  # (per-layer plan pattern, first column read) -> forward
         self.since = [[0, 0] for _ in range(B)]  # per row: tokens changed since the prompt's / response's refresh
         self.seen: torch.Tensor | None = None  # [B, T] the tokens of the previous step (policies counting tokens)
         self.counters.cache_bytes = nbytes([f.tensors() for f in self.feats])
@@ -48,7 +48,7 @@ class ScheduleState(CacheState):
             self.block, self.block_step = self.canvas.block, 0
         c = pol.counter(self.step, self.block_step)
         self.step, self.block_step = self.step + 1, self.block_step + 1
-        n = self.model.args.n_layers
+        n, first = self.model.args.n_layers, min(need[0], self.canvas.prompt_len)  # the first column read
         if pol.counts_tokens:  # each row's own plan from the tokens its previous steps changed
             changed = [0] * x.shape[0] if self.seen is None else (x != self.seen).sum(-1).tolist()
             self.seen = x.clone()
@@ -56,16 +56,15 @@ class ScheduleState(CacheState):
             rows = [tuple(pol.layer_plan(c, i, due) for i in range(n)) for due in dues]
             if any(r != rows[0] for r in rows):
                 self._tally(rows)
-                return self._forward(x, rows, need[0])[:, need[0]:need[1]]
+                return self._forward(x, rows, first)[:, need[0]:need[1]]
             plans = rows[0]
         else:
             plans = tuple(pol.layer_plan(c, i) for i in range(n))
         self._tally([plans])
         graphs = self.use_graphs and pol.select != "random"
-        key = plans, min(need[0], self.canvas.prompt_len)  # the output is read from key[1] on
-        if key not in self.runs:
-            self.runs[key] = GraphRunner(lambda ids: self._forward(ids, [plans], key[1]), graphs)
-        return self.runs[key](x)[:, need[0]:need[1]]
+        if (plans, first) not in self.runs:
+            self.runs[plans, first] = GraphRunner(lambda ids: self._forward(ids, [plans], first), graphs)
+        return self.runs[plans, first](x)[:, need[0]:need[1]]
 
     def _count(self, plan: tuple[bool, bool, bool]) -> int:
         """Positions per row a layer plan (prompt full, response full, verify) recomputes."""
@@ -83,8 +82,8 @@ class ScheduleState(CacheState):
         c.token_layers += round(sum(self._count(p) for plans in rows for p in plans) / len(rows))
         c.v_only += round(sum(T - P for plans in rows for p in plans if p[2] and verified) / len(rows))
 
-    def _forward(self, ids, rows: list[tuple], need: int):
-        """ids [B, T] -> hidden [B, T, d] (exact from position ``need`` on), each layer run through the executor by
+    def _forward(self, ids, rows: list[tuple], first: int):
+        """ids [B, T] -> hidden [B, T, d] (exact from position ``first`` on: no later prompt position is read), each layer run through the executor by
         ``rows``: one plan for every row ([plans]: fixed shapes, graph-capturable) or a plan per row (``rows[b]``:
         per layer (prompt, response, verify))."""
         m, cv = self.model, self.canvas
@@ -100,7 +99,7 @@ class ScheduleState(CacheState):
             g = CachedRows(self.rows, feats, rec, [plan[i][2] for plan in rows], self.policy, (P, T), dense=True)
             n = self._count(rows[0][i]) if shared else None  # positions each row recomputes, when all agree
             ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
-            live = None if any(prompt[i + 1:]) else (min(P, need), T)  # no later layer reads the prompt's rows
+            live = None if any(prompt[i + 1:]) else (first, T)  # no later layer reads the prompt's rows
             h = cached_layer(ops, h, pos, [g], self.gen, count=None if n is None else B * n, live=live)
         return h.view(B, T, -1)
 

@@ -150,9 +150,11 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     if ridx.shape[0]:  # (index_select / index_copy_: row copies without advanced indexing's overhead)
         xr = x.index_select(0, ridx)  # [n, d]
         q, kr, vr = ops.qkv(xr, pos.index_select(0, ridx))
-        k.index_copy_(0, ridx, kr), v.index_copy_(0, ridx, vr)
+        k.index_copy_(0, ridx, kr)
+        v.index_copy_(0, ridx, vr)
         att = ops.attend(q, k, v, ridx)
-        a.index_copy_(0, ridx, att), f.index_copy_(0, ridx, ops.ffn(xr + att))
+        a.index_copy_(0, ridx, att)
+        f.index_copy_(0, ridx, ops.ffn(xr + att))
     if not dense:
         for g in groups:
             for buf, t in zip(g.feats.tensors(), (k, v, a, f)):
