@@ -83,9 +83,9 @@ class ScheduleState(CacheState):
         c.v_only += round(sum(T - P for plans in rows for p in plans if p[2] and verified) / len(rows))
 
     def _forward(self, ids, rows: list[tuple], first: int):
-        """ids [B, T] -> hidden [B, T, d] (exact from position ``first`` on: no later prompt position is read), each layer run through the executor by
-        ``rows``: one plan for every row ([plans]: fixed shapes, graph-capturable) or a plan per row (``rows[b]``:
-        per layer (prompt, response, verify))."""
+        """ids [B, T] -> hidden [B, T, d] (exact from position ``first`` on: no earlier position is read), each layer
+        run through the executor by ``rows``: one plan for every row ([plans]: fixed shapes, graph-capturable) or a
+        plan per row (``rows[b]``: per layer (prompt, response, verify))."""
         m, cv = self.model, self.canvas
         (B, T), P = ids.shape, cv.prompt_len
         h, pos = m.embed(ids).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]

@@ -157,8 +157,9 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
         f.index_copy_(0, ridx, ops.ffn(xr + att))
     if not dense:
         for g in groups:
+            r = g.rows.flatten()
             for buf, t in zip(g.feats.tensors(), (k, v, a, f)):
-                buf.copy_(t[g.rows])
+                buf.copy_(t.index_select(0, r).view_as(buf))
     if live is None:
         return x + a + f
     m, (lo, hi) = groups[0].rows.shape[0], live
@@ -176,7 +177,7 @@ def _flat(groups: Sequence[CachedRows], x: torch.Tensor):
     for g in groups:
         r = g.rows.flatten()
         for buf, t in zip((k, v, a, f), g.feats.tensors()):
-            buf[r] = t.flatten(0, 1)
+            buf.index_copy_(0, r, t.flatten(0, 1))
     return k, v, a, f
 
 
