@@ -59,3 +59,31 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "slow" in item.keywords:
             item.add_marker(skip)
+
+
+# --- fixture set-up times (module / session fixtures: server launches, engine jobs, references) -----------
+_FIXTURE_SETUP: list[tuple[float, str, str]] = []
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    import time
+
+    t0 = time.perf_counter()
+    yield
+    dt = time.perf_counter() - t0
+    if fixturedef.scope in ("module", "session", "package") and dt >= 1.0:
+        param = getattr(request, "param", None)
+        name = fixturedef.argname + (f"[{param}]" if param is not None else "")
+        _FIXTURE_SETUP.append((dt, fixturedef.scope, f"{request.node.nodeid.split('::')[0]}::{name}"))
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The slowest module / session fixture set-ups (a server launch or a recorded job is paid here, once)."""
+    if not _FIXTURE_SETUP:
+        return
+    terminalreporter.section("slowest fixture set-ups (module / session scope, >= 1 s)")
+    for dt, scope, name in sorted(_FIXTURE_SETUP, reverse=True)[:25]:
+        terminalreporter.write_line(f"{dt:8.2f}s {scope:8s} {name}")
+    total = sum(dt for dt, _, _ in _FIXTURE_SETUP)
+    terminalreporter.write_line(f"{total:8.2f}s in all ({len(_FIXTURE_SETUP)} set-ups)")

@@ -26,7 +26,7 @@ from dllm_core.tasks import make_task  # noqa: E402
 from dllm_core.tasks.evaluate import accuracy, generate_batched, prompts_of, task_config  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-from sglang_harness.server import SGLangServer, ServerExited  # noqa: E402
+from sglang_harness.server import SGLangServer  # noqa: E402
 from sglang_harness.soak import bad_requests, soak  # noqa: E402
 
 BLOCK = 8
@@ -178,18 +178,22 @@ def test_soak_with_hang_ups_and_bad_requests(served):
 
 
 @pytest.mark.parametrize("yaml_text,expected", [
-    ("tau: 1.5\n", "tau"),
-    ("cache: dual\ncolour: blue\n", "colour"),
-    ("cache: 'dllm:kp=0'\n", "kp"),
+    ("tau: 1.5\n", r"FastDllmThreshold\.tau must be in \[0\.0, 1\.0\], got 1\.5"),
+    ("cache: dual\ncolour: blue\n", r"FastDllmThreshold has no option 'colour'"),
+    ("cache: 'dllm:kp=0'\n", r"kp must be >= 1, got 0"),
 ], ids=["tau-out-of-range", "unknown-key", "bad-cache-spec"])
 def test_bad_algorithm_config_stops_the_launch(tmp_path, yaml_text, expected):
-    """The launch fails before any worker starts, naming the offending option."""
+    """The launch fails before any worker starts, naming the file and the offending option: SGLang's launch-time
+    resolution of the server args (``ServerArgs.resolve_once``, which runs the algorithm's ``configure_server_args``,
+    the code ``sglang.launch_server`` runs before it starts a process), here in-process."""
+    from sglang.srt.plugins import load_plugins
+    from sglang.srt.server_args import ServerArgs
+
+    load_plugins()  # as the launch does: our entry point registers the algorithms and the model configs
     config = tmp_path / "bad.yaml"
     config.write_text(f"block_size: {BLOCK}\n" + yaml_text)
-    server = SGLangServer(ROOT / "models" / "llada-tasks", "--dllm-algorithm", "FastDllmThreshold",
-                          "--dllm-algorithm-config", str(config), log=tmp_path / "server.log", startup_s=240)
-    with pytest.raises(ServerExited) as err:
-        server.start()
-    assert err.value.code != 0
-    last = [ln for ln in err.value.log.splitlines() if "Error" in ln][-1]
-    assert expected in last, err.value.log[-3000:]
+    args = ServerArgs(model_path=str(ROOT / "models" / "llada-tasks"), dllm_algorithm="FastDllmThreshold",
+                      dllm_algorithm_config=str(config), device="cpu")
+    with pytest.raises(ValueError, match=expected) as err:
+        args.resolve_once()
+    assert str(err.value).startswith(f"--dllm-algorithm-config {config}: "), err.value

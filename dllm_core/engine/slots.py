@@ -144,6 +144,12 @@ class ResponseSlots:
         return {"forwards": int(self.forwards[slot]), "token_layers": int(self.token_layers[slot]),
                 "full_token_layers": int(self.full_token_layers[slot])}
 
+    def all_work(self) -> dict[str, dict[str, int]]:
+        """Every known request's work by request id: the last ``WORK_KEPT`` finished, and those in a slot (a host
+        may release a slot a step after the request's last output: their counts are final by then)."""
+        live = {rid: self.slot_work(slot) for slot, rid in enumerate(self.rid) if rid is not None}
+        return {**self.finished_work, **live}
+
     def work(self, rid: str) -> dict[str, int] | None:
         """A request's work (``forwards``, ``token_layers``, ``full_token_layers``): in flight, or one of the
         last ``WORK_KEPT`` finished; None if unknown."""

@@ -318,10 +318,10 @@ class DllmWorkerExtension:
     hook) for ``collective_rpc``."""
 
     def dllm_work_counters(self) -> dict[str, dict]:
-        return dict(self.model_runner.model_state.states.slots.finished_work)
+        return self.model_runner.model_state.states.slots.all_work()
 
 
 def work_counters(llm) -> dict[str, dict]:
-    """The work of the requests an offline ``vllm.LLM`` finished last, by request id, in the embedded engine's
-    ``Counters`` units (``forwards``, ``token_layers``, ``full_token_layers``; ``dllm bench``'s work column)."""
+    """The work of the requests an offline ``vllm.LLM`` finished last (or still holds in a slot), by request id, in
+    the embedded engine's ``Counters`` units (``forwards``, ``token_layers``, ``full_token_layers``; ``dllm bench``'s work column)."""
     return llm.collective_rpc("dllm_work_counters")[0]

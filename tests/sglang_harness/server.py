@@ -15,13 +15,15 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 import urllib.error
 import urllib.request
 from pathlib import Path
 
 HARNESS = Path(__file__).resolve().parent
 ROOT = HARNESS.parents[1]
+if str(HARNESS.parent) not in sys.path:  # tests/health.py (the bench scripts put only this directory on the path)
+    sys.path.append(str(HARNESS.parent))
+from health import DEADLINE_S, ServerExited, ServerNotHealthy, read_log, wait_healthy  # noqa: E402
 # --sleep-on-idle: an idle scheduler waits on its sockets instead of polling a CPU core (2-core CI machine)
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--max-total-tokens", "16384",
              "--sleep-on-idle")
@@ -47,18 +49,11 @@ def launch_command(model: str | Path, *flags: str, port: int) -> list[str]:
             "--host", "127.0.0.1", "--port", str(port), *flags]
 
 
-class ServerExited(RuntimeError):
-    """The server process ended; ``log`` holds its output."""
-
-    def __init__(self, code: int, log: str):
-        super().__init__(f"SGLang server exited with {code}:\n{log[-4000:]}")
-        self.code, self.log = code, log
-
-
 class SGLangServer:
-    """One real SGLang server process (its own process group), started on enter, killed on exit."""
+    """One real SGLang server process (its own process group), started on enter, killed on exit. A launch that
+    is not healthy within ``startup_s`` is stopped and raises ``ServerNotHealthy`` (process list, log tail)."""
 
-    def __init__(self, model: str | Path, *flags: str, log: Path | None = None, startup_s: float = 300):
+    def __init__(self, model: str | Path, *flags: str, log: Path | None = None, startup_s: float = DEADLINE_S):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log or Path(os.environ.get("TMPDIR", "/tmp")) / f"sglang-{self.port}.log"
@@ -84,7 +79,7 @@ class SGLangServer:
             self.url = f"http://127.0.0.1:{self.port}"
             self.command[self.command.index("--port") + 1] = str(self.port)
         if not self._start():
-            raise ServerExited(-1, self.log())
+            raise ServerExited("SGLang server", -1, self.log())
 
     def _start(self) -> bool:
         """False: the HTTP port was taken before the server bound it."""
@@ -92,22 +87,12 @@ class SGLangServer:
         with open(self.log_path, "w") as log:
             self.proc = subprocess.Popen(self.command, cwd=ROOT, env=harness_env(), stdout=log,
                                          stderr=subprocess.STDOUT, start_new_session=True)
-        deadline = time.monotonic() + self.startup_s
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise ServerExited(self.proc.returncode, self.log())
-            try:
-                if self.get("/health")[0] == 200:
-                    return True
-            except OSError:
-                if taken in self.log():
-                    return False
-            time.sleep(1.0)
-        procs = subprocess.run(["ps", "-o", "pid,stat,etime,pcpu,cmd", "-g", str(self.proc.pid)],
-                               capture_output=True, text=True).stdout
-        self.stop()
-        raise TimeoutError(f"SGLang server not healthy after {self.startup_s} s; its processes:\n{procs}\n"
-                           f"log ({len(self.log())} chars):\n{self.log()[-4000:]}")
+        try:
+            return wait_healthy(self.proc, self.url, self.log_path, "SGLang server", self.startup_s,
+                                gave_up=lambda: taken in self.log())
+        except ServerNotHealthy:
+            self.stop()
+            raise
 
     def stop(self) -> None:
         if self.proc is None or self.proc.poll() is not None:
@@ -120,7 +105,7 @@ class SGLangServer:
             self.proc.wait()
 
     def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
+        return read_log(self.log_path)
 
     def get(self, path: str) -> tuple[int, dict | str]:
         return self._call(urllib.request.Request(self.url + path))
