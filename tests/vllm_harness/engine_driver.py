@@ -1,17 +1,30 @@
 """TEST-ONLY: run ONE vLLM engine (under this directory's CPU harness) over a JSON job.
 
 stdin:  {"model": DIR, "engine": {LLM kwargs}, "batches": [[{"prompt_token_ids": [...],
-         "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...]}
+         "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...],
+         "before": {"fn": "module:function", ...kwargs}, "report": {"fn": "module:function", ...kwargs}}
 stdout: a line ``RESULT {"batches": [[token ids per request], ...], "invalid": [error text | null],
          "seconds": {"startup": s, "generate": s}}`` (+ ``"work"``: per batch, each request's work
-         counters from the dllm adapter, when the job sets ``"work": true``)
+         counters from the dllm adapter, when the job sets ``"work": true``; + ``"report"``: what the report
+         function returned)
 
 Each batch is submitted at once (the engine batches the requests concurrently); ``invalid``
-requests are submitted one by one and must be rejected at admission.
+requests are submitted one by one and must be rejected at admission. ``before(llm, **kwargs)`` runs once the
+engine is up, ``report(llm, **kwargs)`` after the batches (a JSON-able answer): with the engine core in this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, as ``jobs.start_engine`` runs it) they read the engine's own
+objects (``reports/`` holds them).
 """
+import importlib
 import json
 import sys
 import time
+
+
+def call(spec: dict | None, llm):
+    if not spec:
+        return None
+    module, name = spec["fn"].split(":")
+    return getattr(importlib.import_module(module), name)(llm, **{k: v for k, v in spec.items() if k != "fn"})
 
 
 def main() -> None:
@@ -21,6 +34,7 @@ def main() -> None:
     t0 = time.perf_counter()
     llm = LLM(model=job["model"], tokenizer=job["model"], **job["engine"])
     t1 = time.perf_counter()
+    call(job.get("before"), llm)
     out = {"batches": [], "invalid": []}
     for batch in job["batches"]:
         res = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in batch],
@@ -38,6 +52,8 @@ def main() -> None:
             out["invalid"].append(None)
         except Exception as e:  # noqa: BLE001 - vLLM raises VLLMValidationError (a client error)
             out["invalid"].append(f"{type(e).__name__}: {e}")
+    if job.get("report"):
+        out["report"] = call(job["report"], llm)
     out["seconds"] = {"startup": t1 - t0, "generate": time.perf_counter() - t1}
     print("RESULT " + json.dumps(out), flush=True)
 

