@@ -10,9 +10,12 @@
 
 The float32 DFLASH server also takes a soak (hundreds of requests, client hang-ups, bad requests of many kinds:
 each a 4xx naming its problem, the server keeps serving, no good request lost). The plain-decoding server
-(``models/qwen3-tasks``, float32) and the float32 DFLASH server are launched once for the module.
+(``models/qwen3-tasks``, float32) and the float32 DFLASH server run once for the module as jobs (every request
+sent, the answers recorded, the server stopped); every other configuration is launched by its one test. One server
+is alive at a time.
 """
 import concurrent.futures as cf
+import importlib.util
 import json
 import statistics
 from pathlib import Path
@@ -26,6 +29,7 @@ from dllm_core.tasks import make_task  # noqa: E402
 from dllm_core.tasks.evaluate import prompts_of  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+from recorded import Recorded  # noqa: E402
 from sglang_harness.server import SGLangServer  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
@@ -51,8 +55,9 @@ def serve_all(srv: SGLangServer, prompts: list[list[int]]) -> list[dict]:
 
 @pytest.fixture(scope="module")
 def plain(prompts, tmp_path_factory):
+    """Plain decoding's answers (the server stopped once they are in)."""
     with SGLangServer(TARGET, *COMMON, log=tmp_path_factory.mktemp("ar") / "server.log") as srv:
-        yield [o["output_ids"] for o in serve_all(srv, prompts)]
+        return [o["output_ids"] for o in serve_all(srv, prompts)]
 
 
 def assert_blocks_accepted(out: list[dict]) -> None:
@@ -63,48 +68,61 @@ def assert_blocks_accepted(out: list[dict]) -> None:
     assert statistics.mean(accept) > 2.0, accept
 
 
+N_SOAK = 160
+
+
 @pytest.fixture(scope="module")
-def dflash(tmp_path_factory):
+def dflash(prompts, tmp_path_factory):
+    """The float32 DFLASH server as a job: lm-eval's route, the 16 concurrent answers, and a soak between two probes
+    (``Recorded``); the server is stopped before any test reads them."""
+    from lm_eval_routes import served
+    from sglang_harness.soak import bad_requests, soak
+
+    cases = [{"input_ids": p, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}} for p in prompts]
+    vocab = json.loads((TARGET / "config.json").read_text())["vocab_size"]
+    bad = bad_requests(prompts[0], vocab, 8192)
+    rec = Recorded()
     with SGLangServer(TARGET, *COMMON, *DFLASH, log=tmp_path_factory.mktemp("dflash") / "server.log") as srv:
-        yield srv
+        if importlib.util.find_spec("lm_eval") is not None:
+            rec.run("lm_eval", served, srv.url, TARGET)
+        rec.run("concurrent", serve_all, srv, prompts)
+        rec.run("probe", lambda: srv.generate(prompts[0], MAX_NEW)["output_ids"])
+        rec.run("soak", soak, srv.url, cases, bad, n=N_SOAK, in_flight=24, hang_up_share=0.2)
+        rec.run("probe_after", lambda: srv.generate(prompts[0], MAX_NEW)["output_ids"])
+    rec.bad = bad
+    return rec
 
 
 def test_lm_eval_through_dflash_equals_the_embedded_route(dflash):
     """lm-eval's ``local-completions`` against the DFLASH server answers the shipped ``dllm_arithmetic`` examples as
     ``--model dllm`` does with greedy decoding of the same target (issue 35.2; float32: lossless)."""
     pytest.importorskip("lm_eval")
-    from lm_eval_routes import embedded, served
+    from lm_eval_routes import embedded
 
-    assert served(dflash.url, TARGET) == embedded(TARGET, gen_length=24)
+    assert dflash["lm_eval"] == embedded(TARGET, gen_length=24)
 
 
-def test_dflash_is_lossless_and_accepts_blocks(prompts, plain, dflash):
+def test_dflash_is_lossless_and_accepts_blocks(plain, dflash):
     """``--dtype float32`` (the drafter's config.json names bfloat16: it runs in float32 all the same): 16
     concurrent greedy requests, every answer equals plain decoding's, blocks accepted."""
-    out = serve_all(dflash, prompts)
+    out = dflash["concurrent"]
     assert [o["output_ids"] for o in out] == plain
     assert_blocks_accepted(out)
 
 
-def test_dflash_survives_a_soak_and_bad_requests(prompts, plain, dflash):
+def test_dflash_survives_a_soak_and_bad_requests(plain, dflash):
     """160 greedy requests of the 16 prompts, 24 in flight, a fifth of the clients hanging up mid-request, bad
     requests of 9 kinds among them (3 of each): every bad one gets a 4xx naming its problem (an id past the
     vocabulary stopped SGLang's scheduler before the plugin's admission check), no good one is lost and each
     answers plain decoding's tokens every time; a probe answers the same before and after."""
-    from sglang_harness.soak import bad_requests, soak
-
-    cases = [{"input_ids": p, "sampling_params": {"max_new_tokens": MAX_NEW, "temperature": 0.0}} for p in prompts]
-    probe = dflash.generate(prompts[0], MAX_NEW)["output_ids"]
-    vocab = json.loads((TARGET / "config.json").read_text())["vocab_size"]
-    bad = bad_requests(prompts[0], vocab, 8192)
-    rep = soak(dflash.url, cases, bad, n=160, in_flight=24, hang_up_share=0.2)
-    assert not rep.lost and rep.served + rep.hung_up == 160, rep.lost[:3]
+    rep = dflash["soak"]
+    assert not rep.lost and rep.served + rep.hung_up == N_SOAK, rep.lost[:3]
     for i, answers in rep.answers.items():
         assert answers == {tuple(plain[i])}, i
-    for name, (_, text) in bad.items():
+    for name, (_, text) in dflash.bad.items():
         for status, body in rep.bad[name]:
             assert 400 <= status < 500 and text in body, (name, status, body[:300])
-    assert dflash.generate(prompts[0], MAX_NEW)["output_ids"] == probe == plain[0]
+    assert dflash["probe_after"] == dflash["probe"] == plain[0]
 
 
 def test_dflash_adaptive_draft_length_is_lossless_and_keeps_the_drafter_context(prompts, plain, tmp_path):
