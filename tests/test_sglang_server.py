@@ -2,9 +2,9 @@
 processes) serving our dLLM algorithms on the shipped LLaDA / Dream task models, on this CPU through the
 test-only harness ``tests/sglang_harness`` (sgl_kernel stand-in + SGLang changes applied at import time).
 
-One server per algorithm configuration (module-scoped: every case of a configuration shares it). Each
-answer over HTTP equals the embedded engine's unbatched run with the same sampler and cache policy, token
-for token, for concurrent requests of different prompt and answer lengths; on held-out examples the
+One server per algorithm configuration (module-scoped: every case of a configuration shares it; one alive at a
+time). Each answer over HTTP equals the embedded engine's unbatched run with the same sampler and cache policy,
+token for token, for concurrent requests of different prompt and answer lengths; on held-out examples the
 server's accuracy is the embedded engine's. Bad requests get HTTP 400 and the server keeps serving (a soak of
 hundreds of requests with client hang-ups and bad requests of many kinds among them); a bad
 ``--dllm-algorithm-config`` stops the launch with the option named.
@@ -52,20 +52,18 @@ class Served:
         return generate(model, [prompt], cfg).tokens[0].tolist()
 
 
+# One server per configuration, three configurations: the whole response with Fast-dLLM's dual cache on LLaDA and on
+# Dream (its shifted logits), and dLLM-Cache on LLaDA. The other algorithm classes differ from these only in the core's
+# sampler, and run SGLang's real algorithm loops over the same host in-process (tests/test_sglang_fast_dllm.py:
+# FastDllmFactor / SlowFast with prefix and dual, both architectures; tests/test_sglang_dllm_cache.py: dLLM-Cache on
+# Dream), so a launch each would add start-up time, not a code path.
 SERVED = {
     "llada-DllmCore-dual": Served("llada-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
     "llada-FastDllmThreshold-dllm": Served("llada-tasks", "FastDllmThreshold",
                                            {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
-    "llada-FastDllmFactor-prefix": Served("llada-tasks", "FastDllmFactor", {"f": 1.0, "cache": "prefix"},
-                                          "factor:f=1.0"),
-    "llada-SlowFast-dual": Served("llada-tasks", "SlowFast", {"min_conf": 0.3, "high": 0.9, "k": 6, "stat": "std",
-                                                              "cache": "dual"},
-                                  "slowfast:min_conf=0.3,high=0.9,k=6,stat=std"),
     "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
-    "dream-FastDllmThreshold-dllm": Served("dream-tasks", "FastDllmThreshold",
-                                           {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
 }
 
 
