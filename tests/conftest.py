@@ -52,7 +52,14 @@ def pytest_addoption(parser):
     parser.addoption("--runslow", action="store_true", help="also run @pytest.mark.slow tests")
 
 
+HOSTS = ("vllm", "sglang")  # a test file named after a host holds that host's tests: ``pytest -m vllm`` runs them
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for host in HOSTS:
+            if host in item.path.name:
+                item.add_marker(getattr(pytest.mark, host))
     if config.getoption("--runslow"):
         return
     skip = pytest.mark.skip(reason="slow: pass --runslow")

@@ -12,7 +12,8 @@ from vllm_harness.jobs import ROOT, serving  # noqa: E402
 
 LLADA = ROOT / "models" / "llada-tasks"
 
-pytestmark = pytest.mark.skipif(not (LLADA / "config.json").is_file(), reason="models/llada-tasks not shipped")
+pytestmark = [pytest.mark.vllm,
+              pytest.mark.skipif(not (LLADA / "config.json").is_file(), reason="models/llada-tasks not shipped")]
 
 
 @pytest.fixture(scope="module")

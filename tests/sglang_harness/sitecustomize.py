@@ -58,6 +58,12 @@ CHANGES: dict[str, list[tuple[str, str, str]]] = {
         "                output = output * factor\n"
         "            return StandardCombineInput(hidden_states=output)",
     )],
+    "sglang.srt.entrypoints.engine": [(
+        "the scheduler and detokenizer processes are forked, not spawned: a spawned process imports SGLang again "
+        "(15 s of a 30 s launch on 2 cores); on a CPU there is no CUDA context a fork could inherit",
+        '    mp.set_start_method("spawn", force=True)',
+        '    mp.set_start_method("fork", force=True)',
+    )],
     "sglang.srt.layers.attention.torch_native_backend": [(
         "the torch-native backend has no TARGET_VERIFY mode (speculative verification, DFlash's draft block): "
         "such a batch carries no extend_* lengths; target_verify.py attends each request's new tokens to its "
