@@ -132,7 +132,8 @@ def test_a_canvas_other_than_the_block_is_refused(tiny):
     engine start runs before any worker) refuses it, here in-process."""
     from vllm.engine.arg_utils import EngineArgs
 
-    args = EngineArgs(model=str(tiny), tokenizer=str(tiny), **{**ENGINE, "diffusion_config": {"canvas_length": 2 * CANVAS}})
+    engine = {**ENGINE, "diffusion_config": {"canvas_length": 2 * CANVAS}}
+    args = EngineArgs(model=str(tiny), tokenizer=str(tiny), **engine)
     with pytest.raises(ValueError, match=r"canvas_length 16 must equal the checkpoint's block_size 8"):
         args.create_engine_config()
 

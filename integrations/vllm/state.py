@@ -323,5 +323,6 @@ class DllmWorkerExtension:
 
 def work_counters(llm) -> dict[str, dict]:
     """The work of the requests an offline ``vllm.LLM`` finished last (or still holds in a slot), by request id, in
-    the embedded engine's ``Counters`` units (``forwards``, ``token_layers``, ``full_token_layers``; ``dllm bench``'s work column)."""
+    the embedded engine's ``Counters`` units (``forwards``, ``token_layers``, ``full_token_layers``; ``dllm bench``'s
+    work column)."""
     return llm.collective_rpc("dllm_work_counters")[0]

