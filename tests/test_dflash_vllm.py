@@ -78,21 +78,15 @@ def served(pair):
     """Both engines (DFlash at its full draft length; at the core's adaptive draft length) as jobs of the engine
     driver, started together: every prompt's greedy answer and what the batch added to vLLM's spec-decode
     counters, by engine."""
-    from vllm_harness.jobs import finish_engine, start_engine, stop
+    from vllm_harness.jobs import run_engines
 
     batch = [{"prompt_token_ids": p, "params": {"temperature": 0.0, "max_tokens": MAX_TOKENS,
                                                 "stop_token_ids": pair["stop"]}} for p in pair["prompts"]]
     spec = {"method": "dflash", "model": str(pair["drafter"]), "num_speculative_tokens": SPEC_TOKENS}
     jobs = {"dflash": {"speculative_config": spec}, "adaptive": {"speculative_config": spec, "scheduler_cls": ADAPTIVE}}
-    procs = {name: start_engine({"model": str(pair["target"]), "engine": {**ENGINE, **extra}, "batches": [batch],
-                                 "before": {"fn": "engine_reports:snapshot"},
-                                 "report": {"fn": "engine_reports:counters"}}, v2=False)
-             for name, extra in jobs.items()}
-    try:
-        return {name: finish_engine(p) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            stop(p)
+    return run_engines({name: {"model": str(pair["target"]), "engine": {**ENGINE, **extra}, "batches": [batch],
+                               "before": {"fn": "engine_reports:snapshot"}, "report": {"fn": "engine_reports:counters"}}
+                        for name, extra in jobs.items()}, v2=False)
 
 
 def test_vllm_dflash_greedy_identical_with_acceptance(served, pair):

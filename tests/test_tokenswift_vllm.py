@@ -70,17 +70,12 @@ def job(pair, config: dict | None = None, record: bool = False, **kw) -> dict:
 def served(pair):
     """The two engines (TokenSwift at its full draft count; at the core's adaptive count) as engine-driver jobs,
     started together (the engine core in the driver's process: the proposer is reachable)."""
-    from vllm_harness.jobs import finish_engine, start_engine, stop
+    from vllm_harness.jobs import run_engines
 
-    jobs = {"full": job(pair, disable_log_stats=False),
-            "adaptive": job(pair, {"adaptive_draft": {"candidates": [0, 2, SPEC_TOKENS], "explore_every": 8}},
-                            record=True, scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")}
-    procs = {name: start_engine(j, v2=False) for name, j in jobs.items()}
-    try:
-        return {name: finish_engine(p) for name, p in procs.items()}
-    finally:
-        for p in procs.values():
-            stop(p)
+    adaptive = {"adaptive_draft": {"candidates": [0, 2, SPEC_TOKENS], "explore_every": 8}}
+    return run_engines({"full": job(pair, disable_log_stats=False),
+                        "adaptive": job(pair, adaptive, record=True,
+                                        scheduler_cls="integrations.vllm.spec.AdaptiveDraftScheduler")}, v2=False)
 
 
 def test_vllm_tokenswift_greedy_identical_with_accepted_drafts(served, pair):

@@ -69,11 +69,17 @@ def start_engine(job: dict, v2: bool = True) -> subprocess.Popen:
 
 def run_engine(job: dict, v2: bool = True, timeout: float = 420) -> dict:
     """``start_engine`` + ``finish_engine``: the job's result (its process ended)."""
-    p = start_engine(job, v2)
+    return run_engines({"job": job}, v2, timeout)["job"]
+
+
+def run_engines(jobs: dict[str, dict], v2: bool = True, timeout: float = 420) -> dict[str, dict]:
+    """Several jobs started together (their start-ups overlap), each one's result by name (every process ended)."""
+    procs = {name: start_engine(job, v2) for name, job in jobs.items()}
     try:
-        return finish_engine(p, timeout)
+        return {name: finish_engine(p, timeout) for name, p in procs.items()}
     finally:
-        stop(p)
+        for p in procs.values():
+            stop(p)
 
 
 def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
