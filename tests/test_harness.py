@@ -64,3 +64,21 @@ def test_vllm_server_that_never_answers_fails_at_its_deadline(tmp_path, monkeypa
     assert time.monotonic() - t0 < DEADLINE + PROBE_S + 5
     assert "stand-in: listening, never answering" in str(err.value)
     assert started[0].poll() is not None
+
+
+def test_a_failing_engine_job_reports_its_traceback_and_its_process_ends(tmp_path):
+    """An engine job forked from the harness's zygote that raises fails its test with the job's own traceback (from
+    its log), and the job's process is gone; the zygote takes the next job."""
+    pytest.importorskip("vllm")
+    from vllm_harness.jobs import ZYGOTES, finish_engine, start_engine
+
+    missing = tmp_path / "no-such-model"
+    job = start_engine({"model": str(missing), "engine": {}, "batches": []}, v2=False)
+    with pytest.raises(RuntimeError, match="vLLM engine failed") as err:
+        finish_engine(job, timeout=120)
+    assert "Traceback" in str(err.value) and str(missing) in str(err.value)
+    assert job.poll() is not None and ZYGOTES.proc.poll() is None
+    again = start_engine({"model": str(missing), "engine": {}, "batches": []}, v2=False)
+    assert again.pid != job.pid
+    with pytest.raises(RuntimeError, match="vLLM engine failed"):
+        finish_engine(again, timeout=120)

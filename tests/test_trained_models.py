@@ -26,7 +26,7 @@ def test_shipped_size_budget():
 
 
 @need(LLADA)
-def test_llada_layout_and_accuracy():
+def test_llada_layout_and_accuracy(both_cores):
     from dllm_core import load_model
     from dllm_core.tasks.evaluate import evaluate
 
@@ -40,7 +40,7 @@ def test_llada_layout_and_accuracy():
 
 
 @need(DREAM)
-def test_dream_layout_and_accuracy():
+def test_dream_layout_and_accuracy(both_cores):
     """The Dream-architecture task model (shifted logits) with the embedded engine's vanilla loop."""
     from dllm_core import load_model
     from dllm_core.models import DreamModel
@@ -59,7 +59,7 @@ def test_dream_layout_and_accuracy():
 
 
 @need(LLADA2)
-def test_llada2_layout_and_accuracy():
+def test_llada2_layout_and_accuracy(both_cores):
     """The LLaDA2-architecture task model (block-causal MoE, the published layout) with the vanilla loop:
     blocks on the position grid, so a prompt whose length is not a multiple of the block decodes one
     block more (steps / blocks fixed steps each)."""
@@ -79,7 +79,7 @@ def test_llada2_layout_and_accuracy():
 
 
 @need(LONG)
-def test_llada_long_solves_the_256_token_answers():
+def test_llada_long_solves_the_256_token_answers(both_cores):
     """The long-answer model (issue "Long answers") with the vanilla loop at the papers' setting: a 256-token
     canvas in blocks of 32, one token per step; a count of 48 numbers and a 20-day worked progression, on the first
     16 and 5 held-out examples (the suite's time budget; the 32-example figures and the 512-token tasks are in
@@ -88,13 +88,8 @@ def test_llada_long_solves_the_256_token_answers():
     from dllm_core.tasks.evaluate import evaluate
 
     count, progression = parse_tasks(LONG_TASKS[256])
-    threads = torch.get_num_threads()
-    torch.set_num_threads(2)  # a 6-layer model at 256 x 42 rows: both cores pay off here (conftest sets 1)
-    try:
-        runs = {**evaluate(LONG, [count], n=16, batch_size=16),  # the bench's 32: 30/32 (models/README.md)
-                **evaluate(LONG, [progression], n=5, batch_size=5)}  # 32/32 in the bench
-    finally:
-        torch.set_num_threads(threads)
+    runs = {**evaluate(LONG, [count], n=16, batch_size=16),  # the bench's 32: 30/32 (models/README.md)
+            **evaluate(LONG, [progression], n=5, batch_size=5)}  # 32/32 in the bench
     for name, r in runs.items():
         assert r.task.gen_length == 256 and r.task.block_length == 32
         assert r.accuracy >= 0.9, (name, r.accuracy, [t[-40:] for t, ok in zip(r.texts, r.correct) if not ok])
@@ -102,7 +97,7 @@ def test_llada_long_solves_the_256_token_answers():
 
 
 @need(LONG)
-def test_llada_long_retrieves_from_a_1000_token_prompt():
+def test_llada_long_retrieves_from_a_1000_token_prompt(both_cores):
     """Retrieval (issue "Long answers", item 2): the 4-digit value of one of 100 keys, looked up in a prompt of
     more than 1,000 tokens, by the shipped long-answer model with the vanilla loop (32 held-out examples)."""
     from dllm_core.tasks import Retrieval

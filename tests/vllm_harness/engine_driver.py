@@ -28,7 +28,11 @@ def call(spec: dict | None, llm):
 
 
 def main() -> None:
-    job = json.load(sys.stdin)
+    run(json.load(sys.stdin))
+
+
+def run(job: dict) -> None:
+    """The job's engine, batches, invalid requests and report; prints the RESULT line."""
     from vllm import LLM, SamplingParams
 
     t0 = time.perf_counter()

