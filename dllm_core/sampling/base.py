@@ -177,7 +177,15 @@ class Sampler:
 
     def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         """logits [B, W, V], x [B, W] window tokens -> (x0 [B, W], commit [B, W] bool). Commits fall in ``active``
-        rows only (a rule commits masked positions; an inactive row has none, or - editing - is finished)."""
+        rows only (a rule commits masked positions; an inactive row has none, or - editing - is finished).
+        ``device_step``, then the block's host step counter ``st["n"]`` moves on: no host value is read or written
+        inside ``device_step``, so one traced graph (``torch.compile``, a CUDA graph) serves every step."""
+        out = self.device_step(logits, x, st, tc, lo)
+        st["n"] += 1
+        return out
+
+    def device_step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
+        """``step`` on the device alone: the sampler rows' tensors in ``st`` are updated, nothing host-side."""
         return self.scored_step(logits, x, st, tc, lo)[:2]
 
     def scored_step(self, logits, x, st, tc, lo: int = 0, masked: torch.Tensor | None = None):
@@ -187,7 +195,6 @@ class Sampler:
         conf = confidence(self.confidence, logits, x0, tc)
         commit = self.select(conf, x == tc.mask_id if masked is None else masked, st, lo)
         st["i"] += 1
-        st["n"] += 1
         return x0, commit, conf
 
     def select(self, conf: torch.Tensor, masked: torch.Tensor, st: dict, lo: int) -> torch.Tensor:

@@ -77,9 +77,9 @@ class Editable(Sampler):
         """True: a block ends with its post-edit budget, without the forward of a step past it."""
         return False
 
-    def step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
+    def device_step(self, logits: torch.Tensor, x: torch.Tensor, st: dict, tc: TokenContext, lo: int = 0):
         if self.edit is None:
-            return super().step(logits, x, st, tc, lo)
+            return super().device_step(logits, x, st, tc, lo)
         masked, fin = x == tc.mask_id, st["fin"]  # [B, W], [B]
         x0, m2t, conf = self.scored_step(logits, x, st, tc, lo, masked)
         post = st["post"] + ~(fin | masked.any(-1))  # a running row without masks spends a post-edit step

@@ -1,0 +1,60 @@
+"""Graph capture of the decoding step (issue "every policy keeps the hosts' CUDA graphs"): what runs inside a step
+traces as one graph with no break (``torch.compile(fullgraph=True, dynamic=False)``, the tracing a CUDA-graph
+capture needs: no host read, no data-dependent shape), and one graph serves every step of a block."""
+import pytest
+import torch
+import torch._dynamo
+from torch._dynamo.utils import counters
+
+from dllm_core.sampling import SAMPLERS, TokenContext, make_sampler
+
+B, L, V, MASK = 3, 8, 32, 31
+STEPS = 8  # per block (the fixed-schedule rules: one token a step)
+SPECS = [*SAMPLERS, "threshold:schedule=llada2", "threshold:edit=0.9", "slowfast:k_fast=2"]
+
+
+def block(spec: str, tc: TokenContext, step) -> tuple[torch.Tensor, int]:
+    """One block of L masks (row 0 begins with two prompt tokens) stepped STEPS times by ``step`` over seeded
+    logits -> (tokens [B, L], graphs compiled)."""
+    sampler = make_sampler(spec)
+    st = sampler.new_state(B, L, STEPS, "cpu")
+    x = torch.full((B, L), MASK)
+    x[0, :2] = 3
+    sampler.begin_block(st, x == MASK)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(STEPS):
+        x0, commit = step(sampler, torch.randn(B, L, V, generator=g), x, st, tc)
+        x = torch.where(commit, x0, x)
+        st["n"] += 1  # the host counter ``Sampler.step`` moves, outside the traced part
+    return x, counters["stats"]["unique_graphs"]
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_each_samplers_device_step_is_one_graph_for_every_step(spec):
+    """Every registered sampler's ``device_step`` compiles with no graph break, one graph for all STEPS steps of the
+    block, and commits what the eager step commits, token for token."""
+    tc = TokenContext(MASK)  # the global generator (random choices): dynamo cannot trace a torch.Generator argument
+    torch.manual_seed(1)
+    eager, _ = block(spec, tc, lambda s, lg, x, st, tc: s.device_step(lg, x, st, tc))
+    torch._dynamo.reset()
+    counters.clear()
+    compiled = torch.compile(lambda s, lg, x, st, tc: s.device_step(lg, x, st, tc), fullgraph=True, dynamic=False,
+                             backend="eager")
+    torch.manual_seed(1)
+    got, graphs = block(spec, tc, compiled)
+    assert torch.equal(got, eager), spec
+    assert graphs == 1, f"{spec}: {graphs} graphs for {STEPS} steps (a host value in the step's inputs)"
+    assert not (got == MASK).all(), spec
+
+
+def test_the_public_step_moves_the_host_counter_once_per_step():
+    """``Sampler.step`` = ``device_step`` + the host step counter (what ``dllm_core.engine.step`` reads for the
+    stuck rule and a fixed schedule's end)."""
+    s = make_sampler("low_confidence")
+    st = s.new_state(1, L, L, "cpu")
+    x = torch.full((1, L), MASK)
+    s.begin_block(st, x == MASK)
+    for n in range(1, 4):
+        x0, c = s.step(torch.randn(1, L, V), x, st, TokenContext(MASK))
+        x = torch.where(c, x0, x)
+        assert st["n"] == n and int(st["i"][0]) == n and int((x != MASK).sum()) == n
