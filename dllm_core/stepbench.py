@@ -48,10 +48,27 @@ def add_parser(sub) -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None, help="write results.json and table.md here")
+    p.add_argument("--bandwidth", type=float, default=4.8e12, help="memory bytes/s of the floor (H200: 4.8e12)")
+    p.add_argument("--peak", type=float, default=989e12, help="dense FLOP/s of the floor (H200 bf16: 989e12)")
+    p.add_argument("--profile", default=None, help="a cache spec: profile its timed request at the first batch and "
+                   "prompt (the top kernels by device time)")
     p.set_defaults(func=cmd_bench_step)
 
 
-def measure(model, B: int, P: int, base, caches: list[str], device) -> list[dict]:
+def floor_ms(model, B: int, T: int, work: float, cache_bytes: int, bandwidth: float, peak: float) -> float:
+    """The least time one step can take (a roofline): max(bytes read / bandwidth, FLOPs / peak). Bytes: every weight
+    but the embedding once, and the policy's cache once; FLOPs: 2 x those weights x the positions the step runs
+    (``work`` x B x T) plus attention (4 x positions x T x dim per layer)."""
+    a = model.args
+    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
+    params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
+    rows = work * B * T
+    flops = 2 * params * rows + 4 * rows * T * a.dim * a.n_layers
+    return 1e3 * max((weights + cache_bytes) / bandwidth, flops / peak)
+
+
+def measure(model, B: int, P: int, base, caches: list[str], device, bandwidth: float = 4.8e12, peak: float = 989e12,
+            profile: str | None = None) -> list[dict]:
     from . import generate
 
     g = torch.Generator().manual_seed(P)
@@ -64,24 +81,38 @@ def measure(model, B: int, P: int, base, caches: list[str], device) -> list[dict
             torch.cuda.synchronize()
             torch.cuda.reset_peak_memory_stats()
         before = torch.cuda.memory_allocated() if device.type == "cuda" else 0
-        r = generate(model, prompts, cfg)
-        peak = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else 0
-        nfe = max(r.nfe)
+        r = generate(model, prompts, cfg) if spec != profile else profiled(model, prompts, cfg)
+        extra = torch.cuda.max_memory_allocated() - before if device.type == "cuda" else 0
+        nfe, c = max(r.nfe), r.counters
+        fl = floor_ms(model, B, P + base.gen_length, c.ratio(), c.cache_bytes, bandwidth, peak)
         rows.append({"batch": B, "prompt": P, "cache": spec, "nfe": nfe, "ms_per_step": 1e3 * r.seconds / nfe,
-                     "work_ratio": r.counters.ratio(), "cache_mib": r.counters.cache_bytes / 2**20,
-                     "peak_extra_mib": peak / 2**20, "tokens_per_s": r.tokens_per_second})
+                     "work_ratio": c.ratio(), "cache_mib": c.cache_bytes / 2**20, "peak_extra_mib": extra / 2**20,
+                     "tokens_per_s": r.tokens_per_second, "floor_ms": fl, "efficiency": fl / (1e3 * r.seconds / nfe)})
     none = {(r["batch"], r["prompt"]): r["ms_per_step"] for r in rows if r["cache"] == "none"}
     for r in rows:
         r["speedup"] = none.get((r["batch"], r["prompt"]), float("nan")) / r["ms_per_step"]
     return rows
 
 
+def profiled(model, prompts, cfg):
+    """``generate`` under the torch profiler; prints the top kernels by device time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from . import generate
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        r = generate(model, prompts, cfg)
+    print(f"profile of {cfg.cache} (batch {len(prompts)}):")
+    print(prof.key_averages().table(sort_by="self_device_time_total", row_limit=25, max_name_column_width=60))
+    return r
+
+
 def table(rows: list[dict]) -> str:
-    out = ["| batch | prompt | cache | NFE | ms/step | speedup vs none | work vs none | cache MiB | peak extra MiB |",
-           "|---|---|---|---|---|---|---|---|---|"]
+    out = ["| batch | prompt | cache | NFE | ms/step | speedup vs none | work vs none | floor ms | efficiency "
+           "| cache MiB | peak extra MiB |", "|---|---|---|---|---|---|---|---|---|---|---|"]
     out += [f"| {r['batch']} | {r['prompt']} | {r['cache']} | {r['nfe']} | {r['ms_per_step']:.1f} | "
-            f"{r['speedup']:.2f}x | {r['work_ratio']:.3f} | {r['cache_mib']:.0f} | {r['peak_extra_mib']:.0f} |"
-            for r in rows]
+            f"{r['speedup']:.2f}x | {r['work_ratio']:.3f} | {r['floor_ms']:.2f} | {r['efficiency']:.2f} | "
+            f"{r['cache_mib']:.0f} | {r['peak_extra_mib']:.0f} |" for r in rows]
     return "\n".join(out)
 
 
@@ -99,7 +130,8 @@ def cmd_bench_step(a) -> int:
     rows = []
     for B in map(int, a.batch.split(",")):
         for P in map(int, a.prompt.split(",")):
-            rows += measure(model, B, P, base, a.caches.split(";"), device)
+            rows += measure(model, B, P, base, a.caches.split(";"), device, a.bandwidth, a.peak,
+                            a.profile if not rows else None)
             print(table(rows[-len(a.caches.split(';')):]), flush=True)
     md = table(rows)
     print("\n" + md)

@@ -125,3 +125,71 @@ def build_tiny_checkpoint(out_dir: str | Path, arch: str = "llada", seed: int = 
                 p.normal_(std=0.1)
     save_model(model, d, cfg, shard_size=shard_size)
     return d
+
+
+class PackedHostStep:
+    """A cached step of a whole-response host (SGLang's path) over an embedded model, built by the core's host
+    contract: two requests (prompts 5 and 3, one canvas of 16 in blocks of 8), a first step that recomputes
+    everything, two tokens committed, then this step (``run``: every layer through ``PackedStep``; a test traces
+    or captures it). ``ops`` are a host's ``LayerOps`` over the embedded blocks with the core's packed attention."""
+
+    def __init__(self, model, spec: str, device="cpu"):
+        from .cache import HostRequest, make_cache
+        from .cache.executor import PartStores
+
+        a, g = model.args, torch.Generator().manual_seed(0)
+        self.model, self.device = model, torch.device(device)
+        self.prompts = [torch.randint(0, 20, (P,), generator=g).to(device) for P in (5, 3)]
+        self.canvas = [torch.full((16,), a.mask_token_id, device=device) for _ in self.prompts]
+        self.reqs = [HostRequest(make_cache(spec), prompt_len=len(p), device=self.device) for p in self.prompts]
+        like = model.embed.weight[:0]
+        self.stores = [PartStores(a.n_layers, a.n_kv_heads * a.head_dim, a.dim, like) for _ in self.reqs]
+        for r, p in zip(self.reqs, self.prompts):
+            r.begin_canvas(len(p))
+            r.begin_block()
+        with torch.no_grad():
+            self.plan(0)
+            self.run(self.x)
+            for c in self.canvas:
+                c[:2] = torch.randint(0, 20, (2,), generator=g).to(device)
+            self.plan(2)
+
+    def plan(self, changed: int) -> None:
+        from .cache.host import PackedStep
+
+        plans = [r.plan(len(p), (0, 8), 0, len(p), 16, changed, c, 8)
+                 for r, p, c in zip(self.reqs, self.prompts, self.canvas)]
+        ends = [len(p) + 16 for p in self.prompts]
+        parts = [[("prompt", 0, len(p)), ("response", len(p), e)] for p, e in zip(self.prompts, ends)]
+        self.step = PackedStep(plans, ends, parts, self.stores, self.device)
+        ids = torch.cat([torch.cat([p, c]) for p, c in zip(self.prompts, self.canvas)])
+        self.x = self.model.embed(ids if self.step.kept is None else ids[self.step.kept])  # [N, d]
+        self.ops = [self._ops(b) for b in self.model.layers]
+
+    def _ops(self, layer):
+        from types import SimpleNamespace
+
+        from .models.layers import BlockOps
+
+        ops, rope, step = BlockOps(layer, None, 1, None), self.model.rotary, self.step
+        qkv = lambda x, pos: tuple(t[0].transpose(0, 1).flatten(1)  # noqa: E731
+                                   for t in layer.qkv(x[None], rope(pos[None], x.dtype)))
+        attend = lambda q, k, v, rows: layer.o_proj(  # noqa: E731
+            step.attention(q, k, v, rows, layer.n_heads, layer.n_kv, layer.head_dim ** -0.5))
+        return SimpleNamespace(qkv=qkv, value=ops.value, ffn=ops.ffn, heads=ops.heads, attend=attend)
+
+    def run(self, x: torch.Tensor) -> torch.Tensor:
+        """Every layer of the step: x [N, d] -> [N, d] (features stored, work tallied)."""
+        for i, o in enumerate(self.ops):
+            x = self.step.layer(o, x, i)
+        return x
+
+    def features(self) -> list[torch.Tensor]:
+        """Every stored feature buffer (copies)."""
+        return [b.clone() for st in self.stores for store in st.stores.values() for b in store.bufs]
+
+    def load(self, feats: list[torch.Tensor]) -> None:
+        """Put back what ``features`` returned (a capture's warm-up ran the step once)."""
+        bufs = [b for st in self.stores for store in st.stores.values() for b in store.bufs]
+        for b, f in zip(bufs, feats):
+            b.copy_(f)

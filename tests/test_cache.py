@@ -186,7 +186,7 @@ def test_v_verify_picks_the_positions_whose_value_moved(llada):
         feats.v[0] = ops.value(x)
         moved = [3, 7, 9]
         feats.v[0, moved] += 1.0
-        g = CachedRows(torch.arange(12).view(1, 12), feats, torch.zeros(1, 12, dtype=torch.bool), [True],
+        g = CachedRows(torch.arange(12).view(1, 12), feats, torch.zeros(1, 12, dtype=torch.bool), True,
                        DLLMCache(rho=0.25), (0, 12), dense=True)
         rec = recompute_mask(ops, x, pos, [g])
         assert rec.nonzero().flatten().tolist() == moved

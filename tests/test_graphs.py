@@ -58,3 +58,36 @@ def test_the_public_step_moves_the_host_counter_once_per_step():
         x0, c = s.step(torch.randn(1, L, V), x, st, TokenContext(MASK))
         x = torch.where(c, x0, x)
         assert st["n"] == n and int(st["i"][0]) == n and int((x != MASK).sum()) == n
+
+
+# --- the executor's row operations on a host's step ---------------------------------------------------------------
+HOST_POLICIES = ["prefix", "dual", "dllm:kp=3,kr=2,rho=0.25", "dllm:kp=3,kr=2,rho=0.25,unit=tokens",
+                 "dpad:window=4,decay=none,tail=1",
+                 pytest.param("elastic:gamma=0.9", marks=pytest.mark.xfail(
+                     strict=True, reason="Elastic's drift test reads the device per layer (executor.probed_layer)"))]
+
+
+def host_forward(model, spec: str, compiled: bool):
+    """The core's ``PackedHostStep`` (a cached step of two requests on a whole-response host) run eagerly or compiled
+    -> (hidden [N, d], every stored feature, rows x layers run per request)."""
+    from dllm_core.testing import PackedHostStep
+
+    h = PackedHostStep(model, spec)
+    run = torch.compile(h.run, fullgraph=True, dynamic=False, backend="eager") if compiled else h.run
+    with torch.no_grad():
+        out = run(h.x)
+    return out, h.features(), h.step.work()
+
+
+@pytest.mark.parametrize("spec", HOST_POLICIES)
+def test_each_policys_host_step_compiles_with_no_graph_break(llada, spec):
+    """A cached host step (the core's ``PackedStep``: plan regions, V-verify picks, the recomputed rows to a bucket,
+    packed attention) traces with no graph break under ``torch.compile(fullgraph=True, dynamic=False)``, and its
+    hidden states, stored features and work equal the eager step's."""
+    eager = host_forward(llada, spec, compiled=False)
+    torch._dynamo.reset()
+    got = host_forward(llada, spec, compiled=True)
+    assert torch.equal(got[0], eager[0]), spec
+    assert len(got[1]) == len(eager[1]) and all(torch.equal(a, b) for a, b in zip(got[1], eager[1])), spec
+    assert torch.equal(got[2], eager[2]), spec
+    assert int(eager[2].sum()) < eager[0].shape[0] * llada.args.n_layers, f"{spec}: the step cached nothing"

@@ -128,11 +128,14 @@ class CanvasState(CacheState):
         h, pos, n = h.flatten(0, 1), cv.pos[:, s:e].flatten(), pol.n_update(L)
         for i, (layer, (k, v), feats) in enumerate(zip(m.layers, self.kv, self.feats)):
             full = np.array([pol.full_layer(int(c), i) for c in self.steps]) & active
-            g = CachedRows(self.rows, feats, torch.as_tensor(full, device=x.device)[:, None].expand(B, L),
-                           (~full & active).tolist(), pol, (0, L), dense=True)
+            verify = ~full & active
+            vmask = bool(verify.any()) if verify.all() or not verify.any() else torch.as_tensor(verify, device=x.device)
+            g = CachedRows(self.rows, feats, torch.as_tensor(full, device=x.device)[:, None].expand(B, L), vmask, pol,
+                           (0, L), dense=True)
             ops = BlockOps(layer, m.rotary, B, mask, prefix=(k[:, :, :s], v[:, :, :s]))
-            h = cached_layer(ops, h, pos, [g], self.gen, counters=self.counters)
+            h = cached_layer(ops, h, pos, [g], self.gen, bound=L * int(full.sum()) + n * int(verify.sum()))
             self.counters.token_layers += L if full.any() else n if active.any() else 0
+            self.counters.v_only += L if n and verify.any() and pol.select != "random" else 0
         return h.view(B, L, -1)
 
 

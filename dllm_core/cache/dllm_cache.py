@@ -8,7 +8,7 @@ shared executor (``executor.cached_layer``: the same code the vLLM and SGLang ad
 Exact mode: ``kp=1,kr=1`` (every layer fully recomputed at every step).
 On CUDA each distinct per-layer mode pattern (at most four) replays as a CUDA graph: shapes are
 fixed (|prompt|, |response|, floor(rho * |response|)) and the selection is index tensors
-(``nonzero_static`` with the known count: no device sync).
+(``nonzero_static`` to the plan's count: no device sync).
 """
 from __future__ import annotations
 
@@ -96,11 +96,14 @@ class ScheduleState(CacheState):
             rec = torch.zeros(B, T, dtype=torch.bool, device=ids.device)
             for b, plan in ([(slice(None), rows[0])] if shared else enumerate(rows)):
                 rec[b, :P], rec[b, P:] = plan[i][0], plan[i][1]
-            g = CachedRows(self.rows, feats, rec, [plan[i][2] for plan in rows], self.policy, (P, T), dense=True)
+            verify = [plan[i][2] for plan in rows]
+            verify = verify[0] if shared or len(set(verify)) == 1 else torch.tensor(verify, device=ids.device)
+            g = CachedRows(self.rows, feats, rec, verify, self.policy, (P, T), dense=True)
             n = self._count(rows[0][i]) if shared else None  # positions each row recomputes, when all agree
             ops = BlockOps(layer, m.rotary, B, cv.mask, per_row=n)
             live = None if any(prompt[i + 1:]) else (first, T)  # no later layer reads the prompt's rows
-            h = cached_layer(ops, h, pos, [g], self.gen, count=None if n is None else B * n, live=live)
+            bound = sum(self._count(plan[i]) for plan in rows)  # exact (a shared plan: B * n)
+            h = cached_layer(ops, h, pos, [g], self.gen, bound=bound, live=live)
         return h.view(B, T, -1)
 
 

@@ -188,7 +188,7 @@ class ElasticState(CacheState):
                 lo, hi = (0, T) if d.full_at(i) else d.query()
                 rec[b, lo:hi] = True
                 work += hi - lo
-            g = CachedRows(self.rows, feats, rec, [False] * B, None, (0, T), dense=True)
+            g = CachedRows(self.rows, feats, rec, False, None, (0, T), dense=True)
             h, again = probed_layer(BlockOps(layer, m.rotary, B, cv.mask, ragged=True), h, pos, [g], i, probes)
             work += sum(T - (d.hi - d.lo) for d in (p.probe for p in again))
         for d in ds:

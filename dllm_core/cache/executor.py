@@ -13,6 +13,11 @@ attention output, FFN output - are kept between steps. ``cached_layer`` runs lay
     attention        = the recomputed queries against [fresh K/V of recomputed rows ; cached K/V]
     output           = x + attn + ffn (fresh where recomputed, cached elsewhere)
 
+Fixed shapes: given a ``bound`` (at least the rows recomputed, known from the plan on the host; ``bucket`` rounds
+it up to a finite set), the recomputed rows are ``nonzero_static`` to that size, padded with a row that is not
+recomputed, whose features are written back unchanged: no device read, one shape per bucket (CUDA graphs,
+``torch.compile(dynamic=False)``), the same values as the exact count.
+
 A host model supplies the layer in its own vocabulary as ``LayerOps`` (flat rows, pre-norm x):
 
     q, k, v = ops.qkv(x, pos)         # x [n, d], pos [n] -> q [n, Hq*D], k / v [n, Hkv*D] (RoPE on q, k)
@@ -94,67 +99,77 @@ class CachedRows:
     rows: torch.Tensor        # [m, L] flat row ids of each region
     feats: Features           # [m, L, *] cached features (updated in place)
     recompute: torch.Tensor   # [m, L] bool: positions recomputed regardless
-    verify: Sequence[bool]    # [m] host bools: rows whose adaptive pick runs
-    reuse: FeatureReuse | None  # None: no adaptive pick (``verify`` all False)
+    verify: torch.Tensor | bool  # [m] bool on the device: regions whose adaptive pick runs (True / False: all, none)
+    reuse: FeatureReuse | None  # None: no adaptive pick (``verify`` False)
     cand: tuple[int, int]     # region columns [lo, hi) the pick draws from
     dense: bool = False       # rows == arange(N).view(m, L): the features are the forward's own rows
 
+    @property
+    def picks(self) -> int:
+        """Candidates each verified region adds (host int; 0: no pick runs)."""
+        if self.reuse is None or self.verify is False:
+            return 0
+        return self.reuse.n_update(self.cand[1] - self.cand[0])
 
-def _candidates(ops: LayerOps, x, pos, g: CachedRows, idx: torch.Tensor):
-    """(new, old) features the pick compares for regions ``idx``, [m', R, F]; V-verify stores the new V."""
+
+def bucket(n: int, total: int) -> int:
+    """The bucket of ``n`` rows out of ``total``: the least of {16, 32, 64, ...} and ``total`` at least n (so a
+    forward's recomputed-row shapes come from a finite set)."""
+    return min(total, max(16, 1 << max(n - 1, 0).bit_length()))
+
+
+def _candidates(ops: LayerOps, x, pos, g: CachedRows):
+    """(new, old) features the pick compares, [m, R, F]; V-verify stores the new V of the verified regions."""
     lo, hi = g.cand
-    rows = g.rows[idx, lo:hi]  # [m', R]
+    rows = g.rows[:, lo:hi]  # [m, R]
     if g.reuse.select == "value":
         new = ops.value(x.index_select(0, rows.flatten())).view(*rows.shape, -1)
-        old = g.feats.v[idx, lo:hi].clone()
-        g.feats.v[idx, lo:hi] = new
+        old = g.feats.v[:, lo:hi].clone()
+        g.feats.v[:, lo:hi] = new if g.verify is True else torch.where(g.verify[:, None, None], new, old)
         return new, old
     if g.reuse.select == "key":
-        return ops.qkv(x[rows.flatten()], pos[rows.flatten()])[1].view(*rows.shape, -1), g.feats.k[idx, lo:hi]
+        return ops.qkv(x[rows.flatten()], pos[rows.flatten()])[1].view(*rows.shape, -1), g.feats.k[:, lo:hi]
     return x[rows], x[rows]  # random: only the shape is read
 
 
-def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generator=None, counters=None) -> torch.Tensor:
-    """[N] bool: the rows this layer recomputes (runs V-verify and the picks)."""
+def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generator=None) -> torch.Tensor:
+    """[N] bool: the rows this layer recomputes (runs V-verify and the picks; no device read)."""
     rec = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
     for g in groups:
         rec[g.rows.flatten()] = g.recompute.flatten()
-        idx = [i for i, v in enumerate(g.verify) if v]
-        n = g.reuse.n_update(g.cand[1] - g.cand[0]) if idx else 0
-        if not n:
-            continue
-        idx = slice(None) if len(idx) == len(g.verify) else torch.tensor(idx, device=x.device)
-        new, old = _candidates(ops, x, pos, g, idx)
-        if counters is not None and g.reuse.select != "random":
-            counters.v_only += g.cand[1] - g.cand[0]
-        pick = g.reuse.pick(new, old, n, generator) + g.cand[0]  # [m', n] region columns
-        rec.index_fill_(0, g.rows[idx].gather(1, pick).flatten(), True)  # a scalar fill: no copy (CUDA graphs)
+        if n := g.picks:
+            new, old = _candidates(ops, x, pos, g)
+            hit = g.rows.gather(1, g.reuse.pick(new, old, n, generator) + g.cand[0])  # [m, n] flat rows
+            if g.verify is True:
+                rec.index_fill_(0, hit.flatten(), True)  # a scalar fill: no copy (CUDA graphs)
+            else:
+                rec[hit] = rec[hit] | g.verify[:, None]
     return rec
 
 
 def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows],
-                 generator: torch.Generator | None = None, count: int | None = None, counters=None,
+                 generator: torch.Generator | None = None, bound: int | None = None,
                  tally: torch.Tensor | None = None, live: tuple[int, int] | None = None) -> torch.Tensor:
     """Run one layer over x [N, d] (positions pos [N]) with the cached regions ``groups`` (at least
-    one): -> [N, d]. ``count``: the number of recomputed rows when the caller knows it (fixed shapes,
-    no device sync: CUDA-graph capturable); otherwise it is read from the mask. ``tally`` [N]: + 1 at
-    each row run through the full layer (a host's per-request work, no sync). ``live`` (one dense group): the
-    region columns [lo, hi) whose output is read downstream; only they are assembled, in x itself (the other
-    rows of the result hold stale values)."""
-    rec = recompute_mask(ops, x, pos, groups, generator, counters)
+    one): -> [N, d]. ``bound``: at least the number of recomputed rows, when the caller knows it (fixed shapes, no
+    device read: CUDA-graph capturable; see the module doc); otherwise the rows are read from the mask. ``tally``
+    [N]: + 1 at each row run through the full layer (a host's per-request work, no sync). ``live`` (one dense
+    group): the region columns [lo, hi) whose output is read downstream; only they are assembled, in x itself (the
+    other rows of the result hold stale values)."""
+    rec = recompute_mask(ops, x, pos, groups, generator)
     if tally is not None:
         tally += rec
-    ridx = rec.nonzero()[:, 0] if count is None else torch.nonzero_static(rec, size=count)[:, 0]
+    ridx, pad, spare = _recomputed(rec, bound)
     dense = len(groups) == 1 and groups[0].dense
     k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
     if ridx.shape[0]:  # (index_select / index_copy_: row copies without advanced indexing's overhead)
         xr = x.index_select(0, ridx)  # [n, d]
         q, kr, vr = ops.qkv(xr, pos.index_select(0, ridx))
-        k.index_copy_(0, ridx, kr)
-        v.index_copy_(0, ridx, vr)
+        _put(k, ridx, kr, pad, spare)
+        _put(v, ridx, vr, pad, spare)
         att = ops.attend(q, k, v, ridx)
-        a.index_copy_(0, ridx, att)
-        f.index_copy_(0, ridx, ops.ffn(xr + att))
+        _put(a, ridx, att, pad, spare)
+        _put(f, ridx, ops.ffn(xr + att), pad, spare)
     if not dense:
         for g in groups:
             r = g.rows.flatten()
@@ -166,6 +181,29 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     cols = [t.view(m, -1, t.shape[-1])[:, lo:hi] for t in (x, a, f)]  # [m, hi - lo, d] each
     cols[0].add_(cols[1]).add_(cols[2])
     return x
+
+
+def _recomputed(rec: torch.Tensor, bound: int | None):
+    """The rows ``rec`` [N] marks, ascending: (ridx [n], pad [n, 1] bool or None, spare [1] or None). With a
+    ``bound``, n = min(bound, N): the places past the marked rows hold ``spare``, a row not recomputed (its features
+    are written back unchanged: ``_put``; where every row is recomputed there are no such places)."""
+    N = rec.shape[0]
+    if bound is None:
+        return rec.nonzero()[:, 0], None, None
+    bound = min(bound, N)
+    if rec.device.type == "cpu" and not torch.compiler.is_compiling() and int(rec.sum()) > bound:
+        raise AssertionError(f"cached_layer: {int(rec.sum())} rows recomputed, bound {bound}")  # a plan's bug
+    spare = (~rec).to(torch.int8).argmax().view(1)  # [1] (row 0 when every row is recomputed)
+    ridx = torch.nonzero_static(rec, size=bound, fill_value=N)[:, 0]
+    ridx = torch.where(ridx == N, spare, ridx).sort().values  # ascending (hosts' attention wants row order)
+    return ridx, ((ridx == spare) & ~rec.index_select(0, spare))[:, None], spare
+
+
+def _put(buf: torch.Tensor, ridx: torch.Tensor, new: torch.Tensor, pad, spare) -> None:
+    """buf[ridx] = new, the padded rows keeping the spare row's own value."""
+    if pad is not None:
+        new = torch.where(pad, buf.index_select(0, spare), new)
+    buf.index_copy_(0, ridx, new)
 
 
 def _flat(groups: Sequence[CachedRows], x: torch.Tensor):
@@ -307,8 +345,8 @@ def probed_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     again = [p for (p, _), f in zip(tested, fails) if f]
     if not again:
         return out, []
-    redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), [False] * len(g.verify), g.reuse, g.cand,
-                       g.dense) for g in groups]
+    redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), False, g.reuse, g.cand, g.dense)
+            for g in groups]
     for p in again:
         for g, j in p.members:
             redo[g].recompute[j] = True
@@ -324,14 +362,15 @@ def probed_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
 class Region:
     """Cached regions of one host forward that share a policy: their rows [m, L] in the forward's
     flat token rows, their features (rows ``slots`` [m] of ``store``, the first L columns) and what
-    each layer recomputes: ``plan(layer) -> (recompute [m, L] bool, verify [m] host bools)``. ``probe``: the
-    request's ``LayerProbe`` (one region of L = 1 row per part; a request's parts in position order)."""
+    each layer recomputes: ``plan(layer) -> (recompute [m, L] bool, verify: bool or [m] bool, at most the rows
+    ``recompute`` marks: host int)``. ``probe``: the request's ``LayerProbe`` (one region of L = 1 row per part; a
+    request's parts in position order)."""
 
     rows: torch.Tensor
     slots: torch.Tensor
     store: FeatureStore | NoFeatures
     reuse: FeatureReuse | None
-    plan: Callable[[int], tuple[torch.Tensor, Sequence[bool]]]
+    plan: Callable[[int], tuple[torch.Tensor, "torch.Tensor | bool", int]]
     probe: LayerProbe | None = None
 
 
@@ -351,9 +390,16 @@ class CachedStep:
               tally: torch.Tensor | None = None) -> torch.Tensor:
         """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back;
         ``tally`` [N] counts the rows run through the full layer)."""
-        groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), *r.plan(layer), r.reuse,
-                             (0, r.rows.shape[1])) for r in self.regions]
-        out, _ = probed_layer(ops, x, pos, groups, layer, self.probes, self.generator, tally)
+        plans = [r.plan(layer) for r in self.regions]
+        groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), rec, verify, r.reuse,
+                             (0, r.rows.shape[1])) for r, (rec, verify, _) in zip(self.regions, plans)]
+        if self.probes:
+            out, _ = probed_layer(ops, x, pos, groups, layer, self.probes, self.generator, tally)
+        else:
+            N = x.shape[0]
+            n = N + sum(b - r.rows.numel() for r, (_, _, b) in zip(self.regions, plans)) + \
+                sum(g.picks * g.rows.shape[0] for g in groups)  # rows outside regions + each region's bound
+            out = cached_layer(ops, x, pos, groups, self.generator, bucket(n, N), tally)
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)
         return out

@@ -88,13 +88,17 @@ class HostPart:
         """Whether ``layer`` recomputes any position of the part (besides a V-verify pick): host values, no read."""
         return self.scheduled(layer)[0] or self.always[1] > self.always[0]
 
-    def layer(self, layer: int, device) -> tuple[torch.Tensor, list[bool]]:
-        """The part's plan in ``layer``, as the executor's ``Region.plan`` wants it: ([1, n] bool, [verify])."""
+    def layer(self, layer: int, device) -> tuple[torch.Tensor, bool, int]:
+        """The part's plan in ``layer``, as the executor's ``Region.plan`` wants it: ([1, n] bool, verify, at most
+        the positions it recomputes besides the pick)."""
         full, verify = self.scheduled(layer)
         rec = torch.full((1, self.length), full, dtype=torch.bool, device=device)
-        if not full and self.always[1] > self.always[0]:
-            rec[:, self.always[0]:self.always[1]] = True
-        return rec, [verify and not full]
+        if full:
+            return rec, False, self.length
+        lo, hi = self.always
+        if hi > lo:
+            rec[:, lo:hi] = True
+        return rec, verify, max(hi - lo, 0)
 
 
 @dataclass

@@ -176,12 +176,15 @@ class BlockOps:
 class PackedAttention:
     """Bidirectional attention over m requests laid out back to back in a forward's rows (request i: rows
     [off[i], off[i + 1]), its whole sequence): each query attends to every position of its own request (torch
-    SDPA, one padded batch). A host's ``LayerOps.attend`` when it runs whole sequences outside its own kernels."""
+    SDPA, one padded batch). A host's ``LayerOps.attend`` when it runs whole sequences outside its own kernels.
+    Eager, the queries are padded to the most any request asks (one read); traced or captured (``torch.compile``,
+    a CUDA graph), to the shapes alone (min(longest request, query rows)): no read."""
 
     def __init__(self, off: list[int], device):
         self.off = torch.tensor(off, device=device)
+        self.longest = max(b - a for a, b in zip(off, off[1:]))
+        t = torch.arange(self.longest, device=device)
         n = self.off.diff()
-        t = torch.arange(int(n.max()), device=device)
         self.kmask = t < n[:, None]                                      # [m, T]
         self.kidx = torch.where(self.kmask, self.off[:-1, None] + t, 0)  # [m, T] row of each key
 
@@ -189,14 +192,21 @@ class PackedAttention:
                  n_kv: int, scale: float) -> torch.Tensor:
         """q [n, Hq * D] of rows ``rows`` (ascending), k / v [N, Hkv * D] of every row -> [n, Hq * D]."""
         D = q.shape[-1] // n_heads
-        rid = torch.searchsorted(self.off[1:], rows, right=True)  # request of each query row
-        cnt = torch.bincount(rid, minlength=self.kmask.shape[0])
-        j = torch.arange(int(cnt.max()), device=q.device)
-        qmask = j < cnt[:, None]
-        qidx = torch.where(qmask, (cnt.cumsum(0) - cnt)[:, None] + j, 0)
+        rid = torch.searchsorted(self.off[1:], rows, right=True)  # [n] request of each query row
+        cnt = torch.zeros_like(self.off[1:]).index_add_(0, rid, torch.ones_like(rid))  # [m] queries per request
+        first = cnt.cumsum(0) - cnt
+        nq = min(self.longest, q.shape[0]) if _static() else int(cnt.max())
+        j = torch.arange(nq, device=q.device)
+        qidx = torch.where(j < cnt[:, None], first[:, None] + j, 0)
         Q = q.view(-1, n_heads, D)[qidx].transpose(1, 2)    # [m, Hq, nq, D]
         K = k.view(-1, n_kv, D)[self.kidx].transpose(1, 2)  # [m, Hkv, T, D]
         V = v.view(-1, n_kv, D)[self.kidx].transpose(1, 2)
         o = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.kmask[:, None, None, :], scale=scale,
                                            enable_gqa=n_heads != n_kv)
-        return o.transpose(1, 2)[qmask].reshape(q.shape[0], n_heads * D)
+        col = torch.arange(q.shape[0], device=q.device) - first[rid]  # [n] each query's place in its request
+        return o.transpose(1, 2)[rid, col].reshape(q.shape[0], n_heads * D)
+
+
+def _static() -> bool:
+    """Whether shapes must not depend on data: torch.compile is tracing, or a CUDA graph is being captured."""
+    return torch.compiler.is_compiling() or (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
