@@ -99,6 +99,7 @@ class Row:
     kv_len: int = 0  # positions whose K/V are frozen in the paged cache
     state: object = None  # carried algorithm state (FDFO)
     block: list[int] | None = None  # the block in flight (FDFO)
+    sampling: dict = field(default_factory=dict)  # the request's SGLang sampling parameters (custom_params: ours)
 
     @property
     def committed(self) -> list[int]:
@@ -165,6 +166,7 @@ class BlockDriver:
     def batch(self, rows: list[Row], blocks: list[list[int]], prompt_mask: bool = False):
         """A DLLM_EXTEND ``ForwardBatch`` holding one block per row at its KV frontier."""
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
+        from sglang.srt.sampling.sampling_params import SamplingParams
 
         from integrations.sglang.plugin import add_last_prefix_ids, add_request_info
 
@@ -185,7 +187,8 @@ class BlockDriver:
             fb.dllm_prompt_mask = pos.view(B, L) < torch.tensor([len(r.committed) for r in rows])[:, None]
         # the plugin's ForwardBatch.init_new hooks, on the ScheduleBatch / Req fields they read
         reqs = [SimpleNamespace(dllm_block_offset=s, full_untruncated_fill_ids=r.committed, origin_input_ids=r.prompt,
-                                output_ids=list(r.out), sampling_params=SimpleNamespace(max_new_tokens=r.gen_len))
+                                output_ids=list(r.out), sampling_params=SamplingParams(max_new_tokens=r.gen_len,
+                                                                                       **r.sampling))
                 for r, s in zip(rows, starts)]
         sb = SimpleNamespace(dllm_config=True, reqs=reqs)
         add_last_prefix_ids(fb, ForwardBatch, sb, self.runner)
@@ -202,13 +205,17 @@ class BlockDriver:
         return blocks
 
     def generate(self, prompts: list[list[int]], gen_len: int, mask_id: int, prompt_mask: bool = False,
-                 max_rounds: int = 1000, outputs: list[list[int]] | None = None) -> list[list[int]]:
+                 max_rounds: int = 1000, outputs: list[list[int]] | None = None,
+                 sampling: list[dict] | None = None) -> list[list[int]]:
         """Decode ``gen_len`` tokens after each prompt. Like SGLang, a round either prefills full
         prompt blocks or denoises (one ``algorithm.run``: the whole block in the synchronous mode,
         one step in ``first_done_first_out_mode``). Slots are freed at the end. ``outputs``: tokens
-        each request committed before (a retracted request re-admitted: re-prefilled with its prompt)."""
+        each request committed before (a retracted request re-admitted: re-prefilled with its prompt); ``sampling``:
+        each request's SGLang sampling parameters (``custom_params``: its dllm options)."""
         outputs = outputs or [[] for _ in prompts]
-        rows = self.rows = [Row(list(p), gen_len, self.runner.alloc_slot(), list(o)) for p, o in zip(prompts, outputs)]
+        sampling = sampling or [{} for _ in prompts]
+        rows = self.rows = [Row(list(p), gen_len, self.runner.alloc_slot(), list(o), sampling=sp)
+                            for p, o, sp in zip(prompts, outputs, sampling)]
         try:
             for _ in range(max_rounds):
                 live = [r for r in rows if len(r.out) < r.gen_len]

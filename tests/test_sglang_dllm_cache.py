@@ -21,6 +21,7 @@ from integrations.sglang.algorithm import DllmCore, FastDllmThreshold, SlowFast 
 from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 
 L, GEN = 8, 24
 PROMPTS = [[20 + i for i in range(5)], [40 + 3 * i for i in range(L)], [60 + i for i in range(13)]]
@@ -151,5 +152,5 @@ def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED
     cfg = DllmConfig.from_server_args(sa)
     assert (cfg.policy().kp, cfg.policy().kr, cfg.policy().rho) == (4, 2, 0.25)
-    req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=0))
+    req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SamplingParams(max_new_tokens=0))
     assert cfg.validate_request(req) == "DllmCore: max_new_tokens must be >= 1, got 0"

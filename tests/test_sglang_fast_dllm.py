@@ -29,6 +29,7 @@ from sglang.srt.dllm.config import DllmConfig  # noqa: E402
 from sglang.srt.model_executor.cuda_graph_config import Backend  # noqa: E402
 from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
 L, GEN = 8, 24
@@ -177,7 +178,7 @@ def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, t
     assert cfg.policy().every == 2 and type(cfg.policy()).__name__ == "DualCache"
 
     def req(n):
-        return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SimpleNamespace(max_new_tokens=n))
+        return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SamplingParams(max_new_tokens=n))
 
     assert cfg.validate_request(req(3 * L)) is None and cfg.validate_request(req(L + 1)) is None  # 2 whole blocks
     for n in (0, None):  # admission: HTTP 400

@@ -141,6 +141,36 @@ SOAKED = "llada-DllmCore-dual"
 
 
 @pytest.mark.parametrize("served", [SOAKED], indirect=True)
+def test_a_requests_own_options_over_http(served):
+    """``custom_params: {"dllm": {...}}`` picks a request's sampler, steps and cache on the launched server (equal to
+    the embedded engine with those options); a sampled request with a seed is the embedded engine's with that seed,
+    twice; what a request cannot get is a 400 naming the option, and the server keeps serving."""
+    s, srv, model, tok = served
+    prompt = prompts_of(tok, make_task("arithmetic").examples("test", 1))[0]
+    own = {"sampler": "threshold:tau=0.7", "steps": 2 * BLOCK, "cache": "prefix:every=1"}
+    status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {
+        "max_new_tokens": 2 * BLOCK, "temperature": 0.0, "custom_params": {"dllm": own}}})
+    assert status == 200, body
+    cfg = GenerationConfig(gen_length=2 * BLOCK, block_length=BLOCK, steps=2 * BLOCK, sampler="threshold:tau=0.7")
+    assert_same(body["output_ids"], generate(model, [prompt], cfg).tokens[0].tolist(), 2 * BLOCK)
+    hot = {"max_new_tokens": BLOCK, "temperature": 0.8, "sampling_seed": 3}  # its own generator
+    runs = [srv.post("/generate", {"input_ids": prompt, "sampling_params": hot}) for _ in range(2)]
+    cfg = GenerationConfig(gen_length=BLOCK, block_length=BLOCK, steps=BLOCK, sampler=s.sampler, cache=s.cache,
+                           temperature=0.8, seed=3)
+    assert [r[0] for r in runs] == [200, 200], runs
+    assert runs[0][1]["output_ids"] == runs[1][1]["output_ids"]
+    assert_same(runs[0][1]["output_ids"], generate(model, [prompt], cfg).tokens[0].tolist(), BLOCK)
+    for params, named in ((({"custom_params": {"dllm": {"cache": "none"}}}), "custom_params.dllm.cache"),
+                          ({"custom_params": {"dllm": {"sampler": "nope"}}}, "custom_params.dllm.sampler"),
+                          ({"custom_params": {"dllm": {"seed": 3}}}, "custom_params.dllm.seed"),
+                          ({"min_p": 0.1}, "min_p")):
+        status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": BLOCK,
+                                                                                       **params}})
+        assert status == 400 and named in str(body), (params, body)
+    assert_same(srv.generate(prompt, BLOCK)["output_ids"], s.reference(model, prompt, BLOCK), BLOCK)
+
+
+@pytest.mark.parametrize("served", [SOAKED], indirect=True)
 def test_lm_eval_through_the_server_equals_the_embedded_route(served):
     """lm-eval's ``local-completions`` against the server (its options: the launch YAML) answers the shipped
     ``dllm_arithmetic`` examples as ``--model dllm`` does with the same policy (issue 35.2)."""

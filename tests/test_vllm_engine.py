@@ -12,7 +12,7 @@ import torch
 
 from dllm_core import GenerationConfig, load_model
 from dllm_core.cache import CanvasCache, DLLMCache, host_cache
-from dllm_core.engine import generate_in_canvases
+from dllm_core.engine import generate, generate_in_canvases
 from dllm_core.models import DiffusionLM
 
 pytest.importorskip("vllm")
@@ -48,6 +48,8 @@ CASES = {
     "dllm_canvases": ({"dllm_sampler": "threshold:tau=0.6", "dllm_cache": "dllm:kp=4,kr=2,rho=0.25"}, 24,
                       "threshold:tau=0.6", "dllm:kp=4,kr=2,rho=0.25", CANVAS, CANVAS),
 }
+SAMPLED = [(i, seed) for i in (0, 2) for seed in (7, 7, 8)]  # (prompt, the request's seed): temperature 0.8
+SAMPLED_ARGS = {"dllm_sampler": "low_confidence", "dllm_steps": 12}
 INVALID = {
     "dllm_sampler": {"dllm_sampler": "bogus"},
     "dllm_cache": {"dllm_cache": "dual:every=-1"},
@@ -68,6 +70,9 @@ def engines(checkpoints):
     """Both engines start together (each ~30-60 s of start-up on 2 cores)."""
     batch = [{"prompt_token_ids": p, "params": {"max_tokens": mt, "ignore_eos": True, "extra_args": xa}}
              for xa, mt, *_ in CASES.values() for p in PROMPTS]
+    batch += [{"prompt_token_ids": PROMPTS[i], "params": {"max_tokens": 24, "ignore_eos": True, "temperature": 0.8,
+                                                          "seed": seed, "extra_args": SAMPLED_ARGS}}
+              for i, seed in SAMPLED]
     invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}}
                for xa in INVALID.values()]
     engine = {**ENGINE, "additional_config": {"dllm": SERVER}}
@@ -87,6 +92,7 @@ def served(request, engines, checkpoints):
     outs = res["batches"][0]
     n = len(PROMPTS)
     per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    per_case["sampled"] = outs[len(CASES) * n:]
     return per_case, dict(zip(INVALID, res["invalid"])), load_model(checkpoints[request.param])
 
 
@@ -135,6 +141,20 @@ def test_max_tokens_inside_a_canvas_cuts_the_canvas(served):
     full = reference(model, "threshold:tau=0.6", "none", CANVAS)
     assert outs["short"] == [r[:20] for r in full]
     assert all(len(r) == 20 and model.args.mask_token_id not in r for r in outs["short"])
+
+
+def test_a_sampled_request_with_a_seed_draws_what_the_embedded_engine_draws_with_that_seed(served):
+    """A request's ``seed`` is its own generator (``ResponseSlots.admit``): sampled at temperature 0.8 among other
+    requests, it decodes what ``generate`` decodes for its prompt alone with that seed; the same seed twice in one
+    batch gives the same tokens, another seed others."""
+    outs, _, model = served
+    got = outs["sampled"]
+    cfg = GenerationConfig(gen_length=BLOCKS * CANVAS, block_length=CANVAS, steps=12, sampler="low_confidence",
+                           cache=CanvasCache(), temperature=0.8)
+    for (i, seed), out in zip(SAMPLED, got):
+        assert out == generate(model, [PROMPTS[i]], replace(cfg, seed=seed)).tokens[0].tolist(), (i, seed)
+    assert got[0] == got[1] != got[2] and got[3] == got[4] != got[5]
+    assert got[0] != reference(model, "low_confidence", "none", 4)[0]  # sampled, not greedy
 
 
 def test_bad_per_request_options_are_rejected_at_admission(served):

@@ -72,7 +72,7 @@ def test_request_options_override_server_ones():
     ({"dllm_cache": "prefix:every=-2"}, "extra_args.dllm_cache: --cache prefix.every must be >= 0"),
     ({"dllm_logits_eos_inf": "maybe"}, "extra_args.dllm_logits_eos_inf must be true or false"),
     ({"dllm_temperature": -1}, "extra_args.dllm_temperature: temperature must be >= 0"),
-    ({"dllm_seed": 1}, "extra_args.dllm_seed: the seed is server-wide"),
+    ({"dllm_seed": 1}, "extra_args.dllm_seed: a request's seed is its SamplingParams.seed"),
     ({"dllm_bogus": 1}, "extra_args.dllm_bogus: unknown dllm option"),
 ])
 def test_request_errors_name_the_option(xargs, msg):
@@ -88,8 +88,8 @@ def test_admission_check_rejects_logprobs():
 
 def test_openai_temperature_and_seed():
     """OpenAI clients (lm-eval's local-completions) send ``temperature`` 0 and a ``seed``: the temperature is the
-    sampler's proposal temperature (1.0, vLLM's default, reads as unset), a seed is refused only where the decode
-    samples (the generator is server-wide); vLLM's other refusals stay."""
+    sampler's proposal temperature (1.0, vLLM's default, reads as unset), a seed is the request's own generator;
+    vLLM's other refusals stay."""
     assert request_options(None, DEFAULTS, 0.0).temperature == 0.0
     assert request_options(None, DEFAULTS, 1.0) == DEFAULTS
     assert request_options(None, DEFAULTS, 0.7).temperature == 0.7
@@ -98,8 +98,7 @@ def test_openai_temperature_and_seed():
         request_options({"dllm_temperature": 0.5}, DEFAULTS, 0.0)
     sp = dict(extra_args=None, logprobs=None, prompt_logprobs=None, max_tokens=8)
     validate_request(SimpleNamespace(**sp, temperature=0.0, seed=1234))  # greedy: the seed changes nothing
-    with pytest.raises(ValueError, match="seed: a sampled diffusion decode draws from the server's generator"):
-        validate_request(SimpleNamespace(**sp, temperature=0.8, seed=1234))
+    validate_request(SimpleNamespace(**sp, temperature=0.8, seed=1234))  # sampled: the request's own generator
     ok = dict(min_p=0.0, logit_bias=None, bad_words=[], allowed_token_ids=None, min_tokens=0)
     check_sampling(SimpleNamespace(**ok))
     for field, value, msg in [("min_p", 0.1, "min_p: not supported"), ("logit_bias", {1: 2.0}, "logit_bias: not"),

@@ -20,7 +20,7 @@ from ..cache.canvas import CanvasCache
 from ..options import OptionError, check_value, parse_spec
 from ..sampling import SAMPLERS, Sampler
 from .generate import check_paged_block_causal
-from .request import DecodeOptions, ResponsePlan
+from .request import DecodeOptions, ResponsePlan, build_cached
 
 DEFAULT_BLOCK = 32
 DEFAULT_POLICY = "dual"  # a host's default: the whole response one canvas, Fast-dLLM's dual cache
@@ -28,6 +28,8 @@ DECODING = ("temperature", "top_p", "top_k", "seed")
 POLICY_KEY = "cache"
 BLOCK_CANVAS = ("canvas", "none")  # a block scheduler's own block canvas
 NOT_ON_HOSTS = ("graphs", "blocks")  # embedded-engine knobs with no meaning on a block scheduler (its canvas: a block)
+REQUEST_KEYS = tuple(k for k in DecodeOptions.keys() if k != "seed")  # a request's own options (its seed: the host's)
+FLAT_REQUEST_KEYS = ("sampler", "steps", "block_length", "temperature", "top_p", "top_k")  # ... + cache, on a launch
 
 
 @dataclass(frozen=True)
@@ -90,6 +92,21 @@ class Served:
         """Whether a request emits each block when decoded: as asked, else when its policy refreshes the prefix and
         the response is one canvas (the next canvas is then the rest of the response)."""
         return opts.stream if opts.stream is not None else cache.refreshes_prefix and plan.decoded <= self.canvas_length
+
+
+def request_options(raw, base: DecodeOptions, where: str, keys=REQUEST_KEYS, seed_field: str = "seed",
+                    **sampling) -> DecodeOptions:
+    """``base`` overridden by one request's own options ``raw`` (``keys``; errors name ``where + key``) and by its
+    host's sampling parameters ``sampling`` (``temperature``, ``top_p``, ``top_k``; None: not set) as the proposal
+    sampler's: the same option given both ways with different values is an error naming both. A request's seed is
+    the host's own field (``seed_field``: ``ResponseSlots.admit(seed=...)``), not one of these options."""
+    raw = dict(raw or {})
+    if "seed" in raw:
+        raise ValueError(f"{where}seed: a request's seed is its {seed_field}")
+    for k, v in sampling.items():
+        if v is not None and raw.setdefault(k, v) != v:
+            raise ValueError(f"{k} {v} and {where}{k} {raw[k]} differ: send one of them")
+    return build_cached(raw, where, base, keys)
 
 
 def read_mapping(path: str | None, flag: str) -> dict:
@@ -187,6 +204,31 @@ class FlatOptions:
         """A request's response under these options (``max_new_tokens`` in whole blocks of ``block``)."""
         names = {"gen_length": length, "block_length": block_name, "steps": "steps"}
         return self.decode.response(block if max_new_tokens is None else max_new_tokens, block, lambda n: names[n])
+
+    def request(self, raw, where: str, seed_field: str, **sampling) -> "FlatOptions":
+        """These (a launch's) options overridden by one request's mapping ``raw`` (``FLAT_REQUEST_KEYS`` and
+        ``cache``; errors name ``where + key``) and its host's sampling parameters (``request_options``). The cache
+        must be one the launch serves: a policy over the whole response on a launch with one; otherwise the block
+        canvas, and dLLM-Cache over it only on a launch with it (the launch turned CUDA graphs off for it)."""
+        raw = dict(raw or {})
+        spec = raw.pop(POLICY_KEY, None)
+        decode = request_options(raw, self.decode, where, FLAT_REQUEST_KEYS, seed_field, **sampling)
+        if spec is None:
+            return self if decode == self.decode else dataclasses.replace(self, decode=decode)
+        flag = f"{where}{POLICY_KEY}"
+        pol = block_host_policy(spec, flag)
+        if self.policy is not None and not pol.refreshes_prefix:
+            raise ValueError(f"{flag} {spec!r}: this server decodes each response as one canvas (launched with cache "
+                             f"{self.policy.name}); allowed: a policy that refreshes the prefix (prefix, dual, dllm, "
+                             f"elastic, dpad; prefix:every=1 gives the vanilla loop's tokens)")
+        if self.policy is None and pol.refreshes_prefix:
+            raise ValueError(f"{flag} {spec!r}: this server decodes its scheduler's block canvas (launched with cache "
+                             f"canvas); a policy over the whole response needs a launch with one; allowed: canvas, "
+                             f"none")
+        if self.policy is None and not pol.exact and not self.caching:
+            raise ValueError(f"{flag} {spec!r}: dLLM-Cache over the block needs a launch with it (its CUDA graphs "
+                             f"off); this server was launched with the exact block canvas; allowed: canvas, none")
+        return FlatOptions(decode, policy=pol) if pol.refreshes_prefix else FlatOptions(decode, pol)
 
     @classmethod
     def parse(cls, where: str, sampler_name: str | None, cfg: dict, host_keys=()) -> "FlatOptions":

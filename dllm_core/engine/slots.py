@@ -85,7 +85,8 @@ class ResponseSlots:
         self._index: tuple[tuple, torch.Tensor] = ((), torch.zeros(0, dtype=torch.long, device=device))
         self._rows: tuple[tuple, slice | torch.Tensor] = ((), slice(0, 0))
         self._groups: tuple[tuple, list] = ((), [])  # the last batch's groups (cleared at admission)
-        self.generator = torch.Generator(device).manual_seed(seed)
+        self.generator = torch.Generator(device).manual_seed(seed)  # the server's: requests without their own seed
+        self.generators: list[torch.Generator | None] = [None] * n_slots  # a request's own seed's
         # work (the embedded engine's ``Counters`` units): rows x layers run through a full layer (device, summed
         # without a sync; + 1 row: a host's padding rows), forwards taken part in, what the uncached loop runs
         self.token_layers = torch.zeros(n_slots + 1, dtype=torch.long, device=device)
@@ -113,14 +114,16 @@ class ResponseSlots:
                 pad(self.block_len, 1), pad(self.group, -1))
             self.forwards, self.full_token_layers = pad(self.forwards), pad(self.full_token_layers)
             self.token_layers = torch.cat([self.token_layers[:S], self.token_layers.new_zeros(grow + 1)])
-            for lst in (self.config, self.host, self.stores, self.rid):
+            for lst in (self.config, self.host, self.stores, self.rid, self.generators):
                 lst.extend([None] * grow)
 
     # ---- admission -----------------------------------------------------------------------------------
     def admit(self, slot: int, config: SlotConfig, host: HostRequest, rid: str | None = None,
-              stores: PartStores | None = None) -> None:
-        """A new request in ``slot``: fresh sampler rows and work counters."""
+              stores: PartStores | None = None, seed: int | None = None) -> None:
+        """A new request in ``slot``: fresh sampler rows and work counters; ``seed``: its own generator (a sampled
+        request then draws what the embedded engine draws for it alone with that seed), else the server's."""
         self.config[slot], self.host[slot], self.stores[slot], self.rid[slot] = config, host, stores, rid
+        self.generators[slot] = None if seed is None else torch.Generator(self.device).manual_seed(seed)
         gid = self.config_ids.setdefault(config, len(self.configs))
         if gid == len(self.configs):
             self.configs.append(config)
@@ -138,7 +141,7 @@ class ResponseSlots:
             self.finished_work.move_to_end(self.rid[slot])
             while len(self.finished_work) > WORK_KEPT:
                 self.finished_work.popitem(last=False)
-        self.config[slot] = self.host[slot] = self.stores[slot] = self.rid[slot] = None
+        self.config[slot] = self.host[slot] = self.stores[slot] = self.rid[slot] = self.generators[slot] = None
 
     def slot_work(self, slot: int) -> dict[str, int]:
         return {"forwards": int(self.forwards[slot]), "token_layers": int(self.token_layers[slot]),
@@ -275,6 +278,9 @@ class ResponseSlots:
             idx = self.index(s, key)
             st = ss.gather(idx, key)
             lg = logits if pos is None else logits[torch.as_tensor(pos, device=logits.device)]
+            own = [self.generators[x] for x in s.tolist()]
+            if any(g is not None for g in own):  # requests with their own seed: each row its own stream
+                tc = dataclasses.replace(tc, generator=tuple(g or self.generator for g in own))
             x, done = denoise_step(c.sampler, st, lg, x0, tc, self._window(s, c), check=False)
             ss.scatter(idx, st, key)
             read += [done, (x != x0).sum(-1)]  # before the write: x0 may be a view of the canvas

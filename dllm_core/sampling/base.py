@@ -42,7 +42,15 @@ class TokenContext:
     eot_id: int | None = None
     logits_eos_inf: bool = False
     confidence_eos_eot_inf: bool = False
-    generator: torch.Generator | None = None
+    generator: "torch.Generator | tuple[torch.Generator, ...] | None" = None  # one per row: each row's own stream
+
+
+def uniform(shape, dtype, device, generator) -> torch.Tensor:
+    """U[0, 1) of ``shape`` [B, ...]: from one generator, or row b from ``generator[b]`` (a request's own seed: its
+    draws do not depend on the rest of its batch; row b draws what a batch of one draws from that generator)."""
+    if not isinstance(generator, tuple):
+        return torch.rand(shape, dtype=dtype, device=device, generator=generator)
+    return torch.stack([torch.rand(shape[1:], dtype=dtype, device=device, generator=g) for g in generator])
 
 
 def check_proposal(temperature: float, top_p: float | None, top_k: int | None, flag=str) -> None:
@@ -83,14 +91,14 @@ def propose(logits: torch.Tensor, tc: TokenContext) -> torch.Tensor:
     if tc.temperature <= 0:
         return logits.argmax(-1)
     f = filter_logits(logits, tc).double()
-    u = torch.rand(f.shape, dtype=torch.float64, device=f.device, generator=tc.generator)
+    u = uniform(f.shape, torch.float64, f.device, tc.generator)
     return (f.exp() / (-u.log())).argmax(-1)  # = argmax(f + Gumbel) since f already / T
 
 
 def confidence(kind: str, logits: torch.Tensor, x0: torch.Tensor, tc: TokenContext) -> torch.Tensor:
     """Per-position score used to rank masked positions: [B, W, V], [B, W] -> [B, W] (float32)."""
     if kind == "random":
-        c = torch.rand(x0.shape, device=x0.device, generator=tc.generator)
+        c = uniform(x0.shape, torch.float32, x0.device, tc.generator)
     elif kind == "low_confidence":  # LLaDA: untempered probability of the proposal
         c = logits.softmax(-1).gather(-1, x0[..., None])[..., 0]
     else:  # Dream: probabilities after temperature / top-p / top-k

@@ -21,7 +21,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from .response import ResponseHost, SlotsHost
-from .options import parse, read_yaml, with_default_cache
+from .options import parse, read_yaml, request, with_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -36,11 +36,12 @@ class DllmServeConfig(DllmConfig):
                 or super().validate_request(req))
 
     def response_error(self, req) -> str | None:
+        """The request's own options (``custom_params.dllm``, its sampling parameters) and its response."""
         opts, sp = self.options(), getattr(req, "sampling_params", None)
         try:
             if opts is not None and sp is not None:
-                opts.response(sp.max_new_tokens or 0, self.block_size)
-        except OptionError as e:
+                request(opts, req, self.block_size).response(sp.max_new_tokens or 0, self.block_size)
+        except (OptionError, ValueError) as e:
             return f"{self.algorithm}: {e}"
         return None
 
@@ -139,21 +140,21 @@ class BlockHost(SlotsHost):
 
     def __init__(self, *args):
         super().__init__(*args)
-        self.configs: dict = {}  # ResponsePlan -> SlotConfig (one per distinct plan, built once)
+        self.configs: dict = {}  # (ResponsePlan, DecodeOptions) -> SlotConfig (built once)
     literal: frozenset = frozenset()  # slots whose block holds literal prompt [MASK] ids (as -1)
 
-    @property
-    def needs_requests(self) -> bool:  # a request's steps per block follow from its max_new_tokens
-        return self.opts.decode.steps is not None and self.opts.sampler.fixed_steps
-
     def admit(self, slot: int, gen: int, req, model, device) -> None:
-        plan = self.opts.response(req.sampling_params.max_new_tokens if self.needs_requests else self.L, self.L)
-        stores = None if not self.opts.caching else PartStores(
+        """A new request: its own options; a fixed schedule's steps per block follow from its max_new_tokens."""
+        opts = request(self.opts, req, self.L)
+        fixed = opts.decode.steps is not None and opts.sampler.fixed_steps
+        plan = opts.response(req.sampling_params.max_new_tokens if fixed else self.L, self.L)
+        stores = None if opts.cache.exact else PartStores(
             len(model.layers), model.layers[0].self_attn.kv_size, model.args.dim, model.embed.weight)
-        config = self.configs.get(plan)
+        config = self.configs.get((plan, opts.decode))
         if config is None:
-            config = self.configs[plan] = SlotConfig.of(self.opts.decode, plan)
-        self.core.admit(slot, config, HostRequest(self.policy, 0), stores=stores)
+            config = self.configs[plan, opts.decode] = SlotConfig.of(opts.decode, plan)
+        self.core.admit(slot, config, HostRequest(opts.cache, 0), stores=stores,
+                        seed=req.sampling_params.sampling_seed)
 
     def prepare(self, model_runner, fb, states: List[RowState]) -> None:
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt

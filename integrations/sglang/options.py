@@ -27,3 +27,43 @@ def parse(algo: str, sampler_name: str | None, cfg: dict) -> FlatOptions:
         raise ValueError(f"{algo}.{RENAMED}: renamed in 0.2 to {algo}.{POLICY_KEY} with vLLM's spelling: "
                          f"cache: \"{spec}\" (dLLM-Cache over SGLang's block canvas)")
     return FlatOptions.parse(algo, sampler_name, cfg, HOST_KEYS)
+
+
+# --- one request's options: ``custom_params: {"dllm": {...}}`` and SGLang's sampling parameters -----------------------
+CUSTOM = "dllm"  # the request's own options: custom_params.dllm.<key> (the core's FLAT_REQUEST_KEYS and cache)
+WHERE = f"custom_params.{CUSTOM}."
+SEED_FIELD = "sampling_params.sampling_seed"
+TOP_K_ALL = 1 << 30  # SGLang's "every token" (sampling_params.TOP_K_ALL)
+NOT_DECODED = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
+               "min_new_tokens": 0, "logit_bias": None, "json_schema": None, "regex": None, "ebnf": None,
+               "structural_tag": None}  # SGLang's sampler options a diffusion decode does not run (their defaults)
+
+
+def sampling(sp) -> dict:
+    """SGLang's sampling parameters as the proposal sampler's (None: not set, the launch YAML decides). SGLang
+    normalizes temperature 0 to (1.0, top_k 1): greedy; its defaults (1.0, every token, top_p 1.0) are not set."""
+    t, k, p = float(sp.temperature), int(sp.top_k), float(sp.top_p)
+    if k == 1:
+        return {"temperature": 0.0}
+    top_k, top_p = (k if 0 < k < TOP_K_ALL else None), (p if p < 1.0 else None)
+    unset = t == 1.0 and top_k is None and top_p is None
+    return {"temperature": None if unset else t, "top_p": top_p, "top_k": top_k}
+
+
+def request(flat: FlatOptions, req, block: int) -> FlatOptions:
+    """One SGLang request's options: the launch's ``flat`` overridden by ``custom_params.dllm`` and its sampling
+    parameters (the core's ``FlatOptions.request``); raises ValueError naming the option (the scheduler's 400)."""
+    sp = req.sampling_params
+    for name, default in NOT_DECODED.items():
+        if getattr(sp, name, default) not in (default, None) and not (name == "logit_bias" and not sp.logit_bias):
+            raise ValueError(f"{name}: not supported by a diffusion decode (dllm-serve)")
+    if getattr(req, "return_logprob", False):
+        raise ValueError("return_logprob: logprobs are not supported by a diffusion decode (dllm-serve)")
+    own = (getattr(sp, "custom_params", None) or {}).get(CUSTOM)
+    if own is not None and not isinstance(own, dict):
+        raise ValueError(f"custom_params.{CUSTOM} must be an object of dllm options, got {own!r}")
+    opts = flat.request(own, WHERE, SEED_FIELD, **sampling(sp))
+    if opts.decode.block_length not in (None, block):
+        raise ValueError(f"{WHERE}block_length {opts.decode.block_length}: this server's block is SGLang's "
+                         f"(--dllm-algorithm-config block_size {block}); allowed: {block}")
+    return opts

@@ -17,6 +17,8 @@ from dllm_core.cache.host import PackedStep
 from dllm_core.cache.executor import PartStores
 from dllm_core.engine.slots import ResponseSlots, SlotConfig
 
+from .options import request
+
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
 
@@ -82,8 +84,6 @@ class SlotsHost:
     """SGLang's request slots on the core's ``ResponseSlots``: a slot whose generation moved holds a new request
     (``admit``); ``prepare(model_runner, fb, states)`` plans a forward, ``step(fb, logits, states)`` takes it."""
 
-    needs_requests = True  # admission reads the batch's SGLang ``Req``s
-
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
         self.policy, self.opts, self.L, self.mask_id = policy, opts, L, mask_id
         self.core: ResponseSlots | None = None
@@ -106,7 +106,7 @@ class SlotsHost:
                                       layers=len(getattr(model, "layers", ())))
         gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
         new = [(i, s, g) for i, (s, g) in enumerate(zip(slots, gens)) if self.gens.get(s) != g]
-        reqs = BATCH.requests(slots) if new and self.needs_requests else None
+        reqs = BATCH.requests(slots) if new else None
         for i, s, g in new:
             self.core.fit(s + 1, self.L)
             if self.core.config[s] is not None:
@@ -205,12 +205,14 @@ class ResponseHost(SlotsHost):
     def admit(self, slot: int, gen: int, req, model, device) -> None:
         """A new request in ``slot``: its canvas (tokens SGLang committed before - a retracted and re-admitted
         request - kept, the loop resuming at their block)."""
-        plan = self.opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
+        opts = request(self.opts, req, self.L)
+        plan = opts.response(max(req.sampling_params.max_new_tokens or 0, 1), self.L)
         G, core = plan.decoded, self.core
         r = self.responses[slot] = Response(slot, gen, getattr(req, "rid", None) or f"slot{slot}.gen{gen}",
                                             torch.tensor(req.origin_input_ids, dtype=torch.long, device=device), G)
         core.fit(slot + 1, G)
-        core.admit(slot, SlotConfig.of(self.opts.decode, plan), HostRequest(self.policy, 0), r.rid)
+        core.admit(slot, SlotConfig.of(opts.decode, plan), HostRequest(opts.policy, 0), r.rid,
+                   seed=req.sampling_params.sampling_seed)
         s = np.array([slot])
         core.start(s, r.P, G)
         out = list(req.output_ids)[:G]

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 
-from dllm_core.engine.host_options import Served
-from dllm_core.engine.request import DecodeOptions, build_cached, not_decoded_error
+from dllm_core.engine import host_options
+from dllm_core.engine.host_options import REQUEST_KEYS, Served
+from dllm_core.engine.request import DecodeOptions, not_decoded_error
 
 PREFIX = "dllm_"
 SERVER, REQUEST = "--additional-config dllm.", f"extra_args.{PREFIX}"
 DEFAULTS = Served().defaults  # the server's options before --additional-config
-REQUEST_KEYS = tuple(k for k in DecodeOptions.keys() if k != "seed")  # the seed is server-wide
+SEED_FIELD = "SamplingParams.seed (OpenAI's seed)"
 SERVED = Served(prefix=REQUEST, canvas_flag=" (--diffusion-config canvas_length; the default is max_model_len)")
 
 
@@ -34,25 +35,21 @@ def server_options(additional_config) -> DecodeOptions:
 
 
 def request_options(extra_args, base: DecodeOptions, temperature: float | None = None) -> DecodeOptions:
-    """``base`` overridden by a request's ``extra_args`` keys ``dllm_<option>``; the request's own ``temperature``
-    (OpenAI's; 1.0 is vLLM's default, read as unset) is the sampler's proposal temperature (0: greedy)."""
+    """``base`` overridden by a request's ``extra_args`` keys ``dllm_<option>`` (the core's ``request_options``);
+    the request's own ``temperature`` (OpenAI's; 1.0 is vLLM's default, read as unset) is the sampler's proposal
+    temperature (0: greedy)."""
     raw = {k[len(PREFIX):]: v for k, v in (extra_args or {}).items() if k.startswith(PREFIX)}
-    if "seed" in raw:
-        raise ValueError(f"{REQUEST}seed: the seed is server-wide (--additional-config dllm.seed)")
-    if temperature is not None and temperature != 1.0:
-        t = float(temperature) if temperature > 1e-5 else 0.0  # vLLM's greedy threshold
-        if raw.setdefault("temperature", t) != t:
-            raise ValueError(f"temperature {temperature} and {REQUEST}temperature {raw['temperature']} differ: "
-                             f"send one of them")
-    return SERVED.check(build_cached(raw, REQUEST, base, REQUEST_KEYS))
+    t = None if temperature is None or temperature == 1.0 else float(temperature) if temperature > 1e-5 else 0.0
+    return SERVED.check(host_options.request_options(raw, base, REQUEST, REQUEST_KEYS, SEED_FIELD, temperature=t))
 
 
 UNSUPPORTED = ("min_p", "logit_bias", "bad_words", "allowed_token_ids")  # vLLM's own diffusion check, less two
 
 
 def check_sampling(sampling_params) -> None:
-    """vLLM's diffusion check for our models, less its refusal of any ``temperature`` but 1.0 and any ``seed`` (read by
-    ``request_options`` / ``validate_request``: OpenAI clients such as lm-eval send temperature 0 and a seed)."""
+    """vLLM's diffusion check for our models, less its refusal of any ``temperature`` but 1.0 (read by
+    ``request_options``) and any ``seed`` (a request's own generator: ``ResponseSlots.admit``); OpenAI clients such as
+    lm-eval send temperature 0 and a seed."""
     for field in UNSUPPORTED:
         value = getattr(sampling_params, field, None)
         if value and (field != "min_p" or value > 1e-5):
@@ -81,9 +78,6 @@ def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> 
     opts = request_options(getattr(sampling_params, "extra_args", None), defaults or SERVED.defaults,
                            getattr(sampling_params, "temperature", None))
     SERVED.admit(opts, getattr(sampling_params, "max_tokens", None))
-    if getattr(sampling_params, "seed", None) is not None and opts.temperature > 0:
-        raise ValueError(f"seed: a sampled diffusion decode draws from the server's generator (--additional-config "
-                         f"dllm.seed), not a per-request seed; send no seed (a greedy decode ignores it)")
     for field in ("logprobs", "prompt_logprobs"):
         if getattr(sampling_params, field, None) is not None:
             raise ValueError(f"{field}: not supported for diffusion models served by the dllm adapter")

@@ -103,7 +103,8 @@ class DllmStates:
         self.stream[slot] = stream = self.served.streams(opts, cache, plan)
         self.phase[slot], self.held[slot], self.response_left[slot] = PREFILL, prompt_len, plan.decoded
         self.slots.admit(slot, config, HostRequest(cache, prompt_len, stream, self.device), req_id,
-                         PartStores(*self.feature_shape, self.args.dim, self.last_hidden))
+                         PartStores(*self.feature_shape, self.args.dim, self.last_hidden),
+                         getattr(sampling_params, "seed", None))
 
     def remove(self, slot: int) -> None:
         self.slots.release(slot)

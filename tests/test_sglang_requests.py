@@ -1,0 +1,140 @@
+"""One SGLang server, many requests' own options: ``custom_params: {"dllm": {...}}`` (sampler, steps, cache) and SGLang's
+sampling parameters (temperature, top_p, top_k) go through the core's one options builder, as vLLM's ``vllm_xargs``;
+what a diffusion decode cannot honour, or the launched server cannot serve, is refused by name (the scheduler's 400).
+
+In-process, on the CPU stand-in (``tests/sglang_cpu.py``): requests with different options decode in one batch, each
+equal to the embedded engine with the same options."""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("sglang.srt.dllm.algorithm")
+
+from dllm_core import load_model  # noqa: E402
+from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
+from integrations.sglang.algorithm import DllmCore  # noqa: E402
+from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
+from sglang.srt.dllm.config import DllmConfig  # noqa: E402
+from sglang.srt.plugins import load_plugins  # noqa: E402
+from sglang.srt.sampling.sampling_params import SamplingParams  # noqa: E402
+from sglang.srt.server_args import ServerArgs  # noqa: E402
+
+L, GEN = 8, 24
+PROMPTS = [[20 + i for i in range(5)], [40 + 3 * i for i in range(L)], [60 + i for i in range(13)]]
+LAUNCH = {"sampler": "low_confidence", "steps": 12, "cache": "dllm:kp=3,kr=2,rho=0.5"}
+# each request's custom_params.dllm, and the embedded engine's options for the same request
+MIXED = [({}, ("low_confidence", 12, "dllm:kp=3,kr=2,rho=0.5")),
+         ({"sampler": "threshold:tau=0.7", "steps": GEN, "cache": "dual"}, ("threshold:tau=0.7", GEN, "dual")),
+         ({"cache": "prefix:every=1"}, ("low_confidence", 12, "none"))]  # the vanilla loop's tokens
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    load_plugins()
+    dirs = {a: build_tiny_checkpoint(tmp_path_factory.mktemp(f"sg_rq_{a}"), a) for a in ("llada", "dream")}
+    return {a: (d, load_sglang_model(d), load_model(d)) for a, d in dirs.items()}
+
+
+def serve(sg, mask, launch: dict, sampling: list[dict], prompts=PROMPTS) -> list[list[int]]:
+    algo = DllmCore(DllmConfig("DllmCore", launch, L, mask, 8))
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=len(prompts))
+    return BlockDriver(algo, runner).generate(prompts, GEN, mask, sampling=sampling)
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_requests_with_their_own_options_decode_in_one_batch_equal_the_embedded_engine(models, arch):
+    _, sg, ref = models[arch]
+    mask = ref.args.mask_token_id
+    got = serve(sg, mask, LAUNCH, [{"custom_params": {"dllm": own}} for own, _ in MIXED])
+    for p, out, (own, (sampler, steps, cache)) in zip(PROMPTS, got, MIXED):
+        cfg = GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=sampler, cache=cache)
+        assert out == generate(ref, [p], cfg).tokens[0].tolist(), own
+    assert got[2] != got[0] or got[1] != got[0]  # the options changed something
+
+
+def test_a_requests_temperature_is_the_samplers_with_the_servers_seed(models):
+    """temperature / top_p / top_k are the proposal sampler's (greedy unless sent); a sampled request without a
+    seed draws from the server's generator (the launch YAML's ``seed``): the same server seed gives the same tokens,
+    another seed other tokens; temperature 0 is the greedy decode."""
+    _, sg, ref = models["llada"]
+    mask = ref.args.mask_token_id
+    hot = [{"temperature": 1.5, "top_k": 50}] * len(PROMPTS)
+    greedy = serve(sg, mask, LAUNCH, [{}] * len(PROMPTS))
+    assert serve(sg, mask, LAUNCH, [{"temperature": 0.0}] * len(PROMPTS)) == greedy
+    a, b = serve(sg, mask, {**LAUNCH, "seed": 1}, hot), serve(sg, mask, {**LAUNCH, "seed": 1}, hot)
+    assert a == b and a != greedy
+    assert serve(sg, mask, {**LAUNCH, "seed": 2}, hot) != a
+
+
+@pytest.mark.parametrize("arch", ["llada", "dream"])
+def test_a_sampled_request_with_a_seed_draws_what_the_embedded_engine_draws_with_that_seed(models, arch):
+    """A request's ``sampling_seed`` is its own generator (``ResponseSlots.admit``): sampled among requests with
+    other seeds and options, each decodes what ``generate`` decodes for its prompt alone with its seed, whatever
+    its batch; the same seed gives the same tokens, another seed others."""
+    _, sg, ref = models[arch]
+    mask = ref.args.mask_token_id
+    cfg = GenerationConfig(gen_length=GEN, block_length=L, steps=12, sampler="low_confidence", cache="dual",
+                           temperature=0.9, top_p=0.95)
+    hot = {"temperature": 0.9, "top_p": 0.95, "custom_params": {"dllm": {"cache": "dual"}}}
+    got = serve(sg, mask, LAUNCH, [{**hot, "sampling_seed": 7}, {}, {**hot, "sampling_seed": 8}])
+    alone = serve(sg, mask, LAUNCH, [{**hot, "sampling_seed": 7}], prompts=PROMPTS[:1])
+    assert got[0] == alone[0] == generate(ref, [PROMPTS[0]], cfg, seed=7).tokens[0].tolist()
+    assert got[2] == generate(ref, [PROMPTS[2]], cfg, seed=8).tokens[0].tolist()
+    assert got[2] != generate(ref, [PROMPTS[2]], cfg, seed=7).tokens[0].tolist()
+
+
+def config(ckpt, yaml_text: str, tmp_path):
+    (tmp_path / "algo.yaml").write_text(yaml_text + "\n")
+    sa = ServerArgs(model_path=str(ckpt), dllm_algorithm="DllmCore", dllm_algorithm_config=str(tmp_path / "algo.yaml"),
+                    device="cpu")
+    sa.resolve_once()
+    return DllmConfig.from_server_args(sa)
+
+
+def request(own=None, logprobs=False, **sampling):
+    sp = SamplingParams(max_new_tokens=2 * L, custom_params=None if own is None else {"dllm": own}, **sampling)
+    return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=sp, return_logprob=logprobs)
+
+
+WHOLE = f"block_size: {L}\nsampler: low_confidence\nsteps: 12\ncache: dual"
+REFUSED = [
+    (WHOLE, request({"sampler": "nope"}), "custom_params.dllm.sampler: --sampler: unknown policy 'nope'; allowed: "),
+    (WHOLE, request({"stream": True}), "custom_params.dllm.stream: unknown dllm option; allowed: ['block_length', "
+                                       "'sampler', 'steps', 'temperature', 'top_k', 'top_p']"),
+    (WHOLE, request({"steps": 0}), "custom_params.dllm.steps"),
+    (WHOLE, request({"cache": "none"}), "custom_params.dllm.cache 'none': this server decodes each response as one "
+                                        "canvas (launched with cache dual)"),
+    (WHOLE, request({"cache": "dllm:kp=0"}), "custom_params.dllm.cache.kp must be >= 1, got 0"),
+    (WHOLE, request({"block_length": 4}), "custom_params.dllm.block_length 4: this server's block is SGLang's"),
+    (WHOLE, request({"seed": 3}), "custom_params.dllm.seed: a request's seed is its sampling_params.sampling_seed"),
+    (WHOLE, request({"temperature": 0.5}, temperature=0.7), "temperature 0.7 and custom_params.dllm.temperature 0.5 "
+                                                             "differ: send one of them"),
+    (WHOLE, request(min_p=0.1), "min_p: not supported by a diffusion decode"),
+    (WHOLE, request(frequency_penalty=0.5), "frequency_penalty: not supported by a diffusion decode"),
+    (WHOLE, request(json_schema='{"type": "object"}'), "json_schema: not supported by a diffusion decode"),
+    (WHOLE, request(logprobs=True), "return_logprob: logprobs are not supported by a diffusion decode"),
+    (WHOLE, request("dual"), "custom_params.dllm must be an object of dllm options, got 'dual'"),
+    (f"block_size: {L}\ncache: canvas", request({"cache": "dual"}), "custom_params.dllm.cache 'dual': this server "
+                                                                     "decodes its scheduler's block canvas"),
+    (f"block_size: {L}\ncache: canvas", request({"cache": "canvas:kr=2"}), "custom_params.dllm.cache 'canvas:kr=2': "
+                                                                           "dLLM-Cache over the block needs a launch"),
+]
+
+
+@pytest.mark.parametrize("yaml_text,req,error", REFUSED, ids=[str(i) for i in range(len(REFUSED))])
+def test_what_a_request_cannot_get_is_refused_by_name(models, tmp_path, yaml_text, req, error):
+    cfg = config(models["llada"][0], yaml_text, tmp_path)
+    got = cfg.validate_request(req)
+    assert got is not None and got.startswith("DllmCore: ") and error in got, got
+
+
+def test_what_a_launch_serves_is_admitted(models, tmp_path):
+    whole, block = (config(models["llada"][0], t, tmp_path) for t in (WHOLE, f"block_size: {L}\ncache: 'canvas:kr=2'"))
+    for own in ({}, {"sampler": "threshold:tau=0.8", "steps": 16, "cache": "dllm:kp=4,kr=2"},
+                {"cache": "prefix:every=1"}, {"cache": "elastic:gamma=0.9"}, {"block_length": L, "top_p": 0.9}):
+        assert whole.validate_request(request(own, temperature=0.7)) is None, own
+    for own in ({"cache": "none"}, {"cache": "canvas:kr=3,rho=0.5"}, {"sampler": "slowfast"}):
+        assert block.validate_request(request(own)) is None, own
+    assert whole.validate_request(request(temperature=0.7, sampling_seed=5)) is None  # its own generator
