@@ -131,9 +131,10 @@ class PackedHostStep:
     """A cached step of a whole-response host (SGLang's path) over an embedded model, built by the core's host
     contract: two requests (prompts 5 and 3, one canvas of 16 in blocks of 8), a first step that recomputes
     everything, two tokens committed, then this step (``run``: every layer through ``PackedStep``; a test traces
-    or captures it). ``ops`` are a host's ``LayerOps`` over the embedded blocks with the core's packed attention."""
+    or captures it). ``ops`` are a host's ``LayerOps`` over the embedded blocks with the core's packed attention, or
+    ``make_ops(layer, step)``'s (a tensor-parallel rank's: ``kv`` its K / V width)."""
 
-    def __init__(self, model, spec: str, device="cpu"):
+    def __init__(self, model, spec: str, device="cpu", make_ops=None, kv: int | None = None):
         from .cache import HostRequest, make_cache
         from .cache.executor import PartStores
 
@@ -142,8 +143,9 @@ class PackedHostStep:
         self.prompts = [torch.randint(0, 20, (P,), generator=g).to(device) for P in (5, 3)]
         self.canvas = [torch.full((16,), a.mask_token_id, device=device) for _ in self.prompts]
         self.reqs = [HostRequest(make_cache(spec), prompt_len=len(p), device=self.device) for p in self.prompts]
-        like = model.embed.weight[:0]
-        self.stores = [PartStores(a.n_layers, a.n_kv_heads * a.head_dim, a.dim, like) for _ in self.reqs]
+        like, self.make_ops = model.embed.weight[:0], make_ops or self._ops
+        kv = a.n_kv_heads * a.head_dim if kv is None else kv
+        self.stores = [PartStores(a.n_layers, kv, a.dim, like) for _ in self.reqs]
         for r, p in zip(self.reqs, self.prompts):
             r.begin_canvas(len(p))
             r.begin_block()
@@ -164,14 +166,14 @@ class PackedHostStep:
         self.step = PackedStep(plans, ends, parts, self.stores, self.device)
         ids = torch.cat([torch.cat([p, c]) for p, c in zip(self.prompts, self.canvas)])
         self.x = self.model.embed(ids if self.step.kept is None else ids[self.step.kept])  # [N, d]
-        self.ops = [self._ops(b) for b in self.model.layers]
+        self.ops = [self.make_ops(b, self.step) for b in self.model.layers]
 
-    def _ops(self, layer):
+    def _ops(self, layer, step):
         from types import SimpleNamespace
 
         from .models.layers import BlockOps
 
-        ops, rope, step = BlockOps(layer, None, 1, None), self.model.rotary, self.step
+        ops, rope = BlockOps(layer, None, 1, None), self.model.rotary
         qkv = lambda x, pos: tuple(t[0].transpose(0, 1).flatten(1)  # noqa: E731
                                    for t in layer.qkv(x[None], rope(pos[None], x.dtype)))
         attend = lambda q, k, v, rows: layer.o_proj(  # noqa: E731

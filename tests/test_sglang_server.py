@@ -41,6 +41,7 @@ class Served:
     algorithm: str
     yaml: dict
     sampler: str  # the same rule as a dllm_core sampler spec (one token per step for fixed schedules)
+    tp: int = 1  # --tp-size
 
     @property
     def cache(self) -> str:
@@ -53,15 +54,17 @@ class Served:
 
 
 # One server per configuration, three configurations: the whole response with Fast-dLLM's dual cache on LLaDA and on
-# Dream (its shifted logits), and dLLM-Cache on LLaDA. The other algorithm classes differ from these only in the core's
-# sampler, and run SGLang's real algorithm loops over the same host in-process (tests/test_sglang_fast_dllm.py:
-# FastDllmFactor / SlowFast with prefix and dual, both architectures; tests/test_sglang_dllm_cache.py: dLLM-Cache on
-# Dream), so a launch each would add start-up time, not a code path.
+# Dream (its shifted logits), and dLLM-Cache on LLaDA at --tp-size 2 (two ranks, one core each: its V-verify picks
+# from sums all-reduced over the ranks; one rank's dLLM-Cache runs in-process in tests/test_sglang_dllm_cache.py). The
+# other algorithm classes differ from these only in the core's sampler, and run SGLang's real algorithm loops over the
+# same host in-process (tests/test_sglang_fast_dllm.py: FastDllmFactor / SlowFast with prefix and dual, both
+# architectures; tests/test_sglang_dllm_cache.py: dLLM-Cache on Dream), so a launch each would add start-up time, not a
+# code path.
 SERVED = {
     "llada-DllmCore-dual": Served("llada-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
     "llada-FastDllmThreshold-dllm": Served("llada-tasks", "FastDllmThreshold",
-                                           {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9"),
+                                           {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9", 2),
     "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence",
                                                               "cache": "dual"}, "low_confidence"),
 }
@@ -69,7 +72,8 @@ SERVED = {
 
 def launch_flags(s: Served, config: Path) -> list[str]:
     config.write_text(yaml.safe_dump({"block_size": BLOCK, **s.yaml}))
-    return ["--dtype", "float32", "--dllm-algorithm", s.algorithm, "--dllm-algorithm-config", str(config)]
+    return ["--dtype", "float32", "--dllm-algorithm", s.algorithm, "--dllm-algorithm-config", str(config),
+            *(["--tp-size", str(s.tp)] if s.tp > 1 else [])]
 
 
 @pytest.fixture(scope="module", params=list(SERVED), ids=list(SERVED))
@@ -77,8 +81,11 @@ def served(request, tmp_path_factory):
     s = SERVED[request.param]
     tmp = tmp_path_factory.mktemp(request.param)
     model_dir = ROOT / "models" / s.model
-    with SGLangServer(model_dir, *launch_flags(s, tmp / "algo.yaml"), log=tmp / "server.log") as srv:
-        yield s, srv, load_model(model_dir, dtype=torch.float32), load_tokenizer(model_dir)
+    with pytest.MonkeyPatch.context() as m:
+        if s.tp > 1:  # one NUMA node here: each rank's core by hand
+            m.setenv("SGLANG_CPU_OMP_THREADS_BIND", "|".join(str(r) for r in range(s.tp)))
+        with SGLangServer(model_dir, *launch_flags(s, tmp / "algo.yaml"), log=tmp / "server.log") as srv:
+            yield s, srv, load_model(model_dir, dtype=torch.float32), load_tokenizer(model_dir)
 
 
 def serve_all(srv: SGLangServer, prompts: list[list[int]], gens: list[int]) -> list[list[int]]:
@@ -184,7 +191,7 @@ def test_lm_eval_through_the_server_equals_the_embedded_route(served):
 
 @pytest.mark.parametrize("served", [SOAKED], indirect=True)
 def test_soak_with_hang_ups_and_bad_requests(served):
-    """240 requests of 8 prompts x answer lengths, 24 in flight, a fifth of the clients hanging up mid-request,
+    """120 requests of 8 prompts x answer lengths, 24 in flight, a fifth of the clients hanging up mid-request,
     bad requests of 18 kinds among them (3 of each): every bad one gets a 4xx naming its problem, no good one is
     lost and each answers the embedded engine's tokens every time; a probe answers the same before and after."""
     s, srv, model, tok = served
@@ -194,8 +201,8 @@ def test_soak_with_hang_ups_and_bad_requests(served):
              for p, g in zip(prompts, gens)]
     probe = srv.generate(prompts[0], gens[0])["output_ids"]
     bad = bad_requests(prompts[0], model.args.vocab_size, 8192, model.args.mask_token_id, dllm=True)
-    rep = soak(srv.url, cases, bad, n=240, in_flight=24, hang_up_share=0.2)
-    assert not rep.lost and rep.served + rep.hung_up == 240, rep.lost[:3]
+    rep = soak(srv.url, cases, bad, n=120, in_flight=24, hang_up_share=0.2)
+    assert not rep.lost and rep.served + rep.hung_up == 120, rep.lost[:3]
     for i, answers in rep.answers.items():
         assert len(answers) == 1, (i, answers)
         assert_same(list(next(iter(answers))), s.reference(model, prompts[i], gens[i]), gens[i])
@@ -225,3 +232,24 @@ def test_bad_algorithm_config_stops_the_launch(tmp_path, yaml_text, expected):
     with pytest.raises(ValueError, match=expected) as err:
         args.resolve_once()
     assert str(err.value).startswith(f"--dllm-algorithm-config {config}: "), err.value
+
+
+
+TP_SERVED = "llada-FastDllmThreshold-dllm"
+
+
+@pytest.mark.parametrize("served", [TP_SERVED], indirect=True)
+def test_two_tensor_parallel_ranks_serve_every_policy_per_request(served):
+    """The --tp-size 2 server, per request (``custom_params``): ``dual``, Elastic's drift test and DPad each answer the
+    embedded engine's tokens, as the launch's dLLM-Cache does above: no policy is refused or run exact under tensor
+    parallelism."""
+    s, srv, model, tok = served
+    prompts = [p for name, n in (("arithmetic", 2), ("sort", 1)) for p in prompts_of(tok, make_task(name).examples(
+        "test", n))]
+    for cache in ("dual", "elastic:gamma=0.99,window=4,probe=1", "dpad:window=8,decay=none,tail=2"):
+        ref = Served(s.model, s.algorithm, {"cache": cache}, s.sampler)
+        for p in prompts:
+            status, body = srv.post("/generate", {"input_ids": p, "sampling_params": {
+                "max_new_tokens": 2 * BLOCK, "temperature": 0.0, "custom_params": {"dllm": {"cache": cache}}}})
+            assert status == 200, body
+            assert_same(body["output_ids"], ref.reference(model, p, 2 * BLOCK), 2 * BLOCK)

@@ -108,7 +108,6 @@ class CachePolicy:
     # a paged host recomputes the prefix it holds (prompt + emitted tokens) with the masked response present, so
     # the response must be decoded as one canvas (Fast-dLLM, dLLM-Cache); False: the prefix's K/V stay frozen
     refreshes_prefix: ClassVar[bool] = False
-    picks: ClassVar[bool] = False  # rows picked by features (V-verify, a drift test): tensor-parallel ranks differ
     spans_response: ClassVar[bool] = False  # a host's features span the whole response (not only the canvas)
 
     @property

@@ -181,10 +181,6 @@ class CanvasCache(FeatureReuse, CachePolicy):
     def stores_features(self) -> bool:
         return not self.exact
 
-    @property
-    def picks(self) -> bool:
-        return not self.exact
-
     def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
         """A paged host's step: the prefix is frozen (not run); the canvas is recomputed whole (exact) or by
         the ``full_layer`` schedule at the request's step in the canvas, V-verify elsewhere."""

@@ -117,7 +117,6 @@ class LayerSchedule(FeatureReuse, CachePolicy):
 
     state_cls: ClassVar[type[CacheState]] = ScheduleState
     refreshes_prefix: ClassVar[bool] = True
-    picks: ClassVar[bool] = True
     spans_response: ClassVar[bool] = True  # the response part holds every emitted token of a streamed request
     per_block: bool = False
 

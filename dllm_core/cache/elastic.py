@@ -120,7 +120,12 @@ class Drift:
         cur = self._weights(ops, x[cols], pos[cols], keys, cols).index_select(-1, anchor.view(1))[..., 0]  # [H, n]
         ok = (self.changed[j0:j1] <= at)[None]
         cur, old = cur * ok, old[:, j0:j1] * ok
-        sim = (cur * old).sum() / (cur.norm() * old.norm()).clamp_min(1e-12)
+        reduce = getattr(ops, "reduce", None)  # tensor parallel: this rank's heads; the sums over every rank's heads
+        if reduce is None:
+            sim = (cur * old).sum() / (cur.norm() * old.norm()).clamp_min(1e-12)
+        else:
+            dot, cc, oo = reduce(torch.stack([(cur * old).sum(), cur.square().sum(), old.square().sum()]))
+            sim = dot / (cc * oo).sqrt().clamp_min(1e-12)
         return ok.any() & (sim < pol.gamma)
 
     def refreshed(self, layer, ops, x, pos, keys) -> None:
@@ -135,6 +140,8 @@ class Drift:
         p = self.probes
         w = self._weights(ops, x[p], pos[p], keys, p)  # [H, np, T]
         mass = w.sum((0, 1))  # [T]
+        if (reduce := getattr(ops, "reduce", None)) is not None:  # tensor parallel: over every rank's heads
+            mass = reduce(mass)
         anchor = mass.masked_fill(torch.arange(self.T, device=mass.device) >= self.start, -1).argmax()
         self.refs[layer] = anchor, w.index_select(-1, anchor.view(1))[..., 0], self.steps
 
@@ -212,7 +219,6 @@ class ElasticCache(CachePolicy):
     state_cls: ClassVar[type[CacheState]] = ElasticState
     refreshes_prefix: ClassVar[bool] = True
     spans_response: ClassVar[bool] = True  # the response part holds every emitted token of a streamed request
-    picks: ClassVar[bool] = True  # the drift test reads a rank's own heads (tensor-parallel ranks would differ)
     gamma: float = 0.9
     window: int = 32
     every: int = 0

@@ -24,6 +24,11 @@ A host model supplies the layer in its own vocabulary as ``LayerOps`` (flat rows
     v       = ops.value(x)            # [n, d] -> [n, Hkv*D]   (the V projection alone)
     a       = ops.attend(q, k, v, r)  # q [n, Hq*D] of rows r [n]; k / v [N, Hkv*D] of every row -> [n, d]
     f       = ops.ffn(h)              # [n, d] -> [n, d]        (FFN on its own pre-norm input)
+    t       = ops.reduce(t)           # optional: t summed over the tensor-parallel ranks (absent: one rank)
+
+Tensor parallelism: a rank's ``qkv`` / ``value`` hold its own heads, so a pick scored on them would differ per rank.
+Every data-dependent pick (V-verify's cosine or distance, Elastic's drift test) is made from sums that ``reduce``
+adds over the ranks, so every rank picks the same rows: the pick of the whole model's heads.
 """
 from __future__ import annotations
 
@@ -64,14 +69,21 @@ class FeatureReuse:
         """Candidates recomputed by an adaptive layer."""
         return int(self.rho * candidates)
 
-    def pick(self, new: torch.Tensor, old: torch.Tensor, n: int,
-             generator: torch.Generator | None = None) -> torch.Tensor:
-        """The n candidates whose feature moved most: new / old [m, R, F] -> [m, n] (most moved first)."""
+    def pick(self, new: torch.Tensor, old: torch.Tensor, n: int, generator: torch.Generator | None = None,
+             reduce: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+        """The n candidates whose feature moved most: new / old [m, R, F] -> [m, n] (most moved first). ``reduce``:
+        a tensor-parallel rank's features are its own heads; the score's sums are added over the ranks."""
         if self.select == "random":
             score = torch.rand(new.shape[:2], device=new.device, generator=generator)
-        else:
+        elif reduce is None:
             new, old = new.float(), old.float()
             score = -F.cosine_similarity(new, old, dim=-1) if self.metric == "cosine" else (new - old).norm(dim=-1)
+        elif self.metric == "cosine":
+            new, old = new.float(), old.float()
+            dot, nn, oo = reduce(torch.stack([(new * old).sum(-1), (new * new).sum(-1), (old * old).sum(-1)]))
+            score = -dot / (nn * oo).sqrt().clamp_min(1e-8)  # [m, R]
+        else:
+            score = reduce((new.float() - old.float()).square().sum(-1)).sqrt()
         return score.topk(n, -1).indices
 
 
@@ -139,7 +151,8 @@ def recompute_mask(ops: LayerOps, x, pos, groups: Sequence[CachedRows], generato
         rec[g.rows.flatten()] = g.recompute.flatten()
         if n := g.picks:
             new, old = _candidates(ops, x, pos, g)
-            hit = g.rows.gather(1, g.reuse.pick(new, old, n, generator) + g.cand[0])  # [m, n] flat rows
+            pick = g.reuse.pick(new, old, n, generator, getattr(ops, "reduce", None))
+            hit = g.rows.gather(1, pick + g.cand[0])  # [m, n] flat rows
             if g.verify is True:
                 rec.index_fill_(0, hit.flatten(), True)  # a scalar fill: no copy (CUDA graphs)
             else:
@@ -283,8 +296,8 @@ class SeededReuse:
     def n_update(self, candidates: int) -> int:
         return self.policy.n_update(candidates)
 
-    def pick(self, new, old, n, generator=None):
-        return self.policy.pick(new, old, n, self.gen)
+    def pick(self, new, old, n, generator=None, reduce=None):
+        return self.policy.pick(new, old, n, self.gen, reduce)
 
 
 class NoFeatures:

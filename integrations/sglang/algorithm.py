@@ -99,9 +99,6 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         where = f"--dllm-algorithm-config {path}: {cls.__name__}.cache: {pol.name}"
         if arch not in ARCHS:
             raise ValueError(f"{where} needs one of the dllm-serve models {list(ARCHS)}, got {arch}")
-        if pol.picks and cfg.tp_size > 1:
-            raise ValueError(f"{where} needs --tp-size 1 (its rows are picked per rank), got --tp-size "
-                             f"{cfg.tp_size}")
         disable_cuda_graphs(server_args, f"{cls.__name__}: cache {pol.name} runs data-dependent rows")
         if opts.policy is not None:
             disable_radix_cache(server_args, f"{cls.__name__}: cache {pol.name} rewrites each request's prefix K/V "

@@ -13,6 +13,7 @@ from dllm_core.models import ModelArgs
 from dllm_core.models import transformer as core
 
 from sglang.srt.layers.activation import SiluAndMul
+from sglang.srt.layers.dp_attention import attn_tp_all_reduce
 from sglang.srt.layers.layernorm import RMSNorm
 from sglang.srt.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
 from sglang.srt.layers.logits_processor import LogitsProcessor
@@ -55,6 +56,7 @@ class DiffusionAttention(nn.Module):
         self.head_dim, self.n_heads, self.n_kv = a.head_dim, a.n_heads // tp, max(1, a.n_kv_heads // tp)
         self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
         self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
+        self.reduce = attn_tp_all_reduce if tp > 1 else None  # LayerOps.reduce: a pick's sums over every rank's heads
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
                                           parallel_group="attn_tp")
@@ -108,7 +110,8 @@ class DiffusionLayer(nn.Module):
             return att.o_proj(att.attn(full, k, v, fb).view(k.shape[0], -1)[rows])[0]
 
         return SimpleNamespace(qkv=lambda x, pos: att.qkv(pos, self.attn_norm(x)), heads=att.heads,
-                               value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn)
+                               value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn,
+                               reduce=att.reduce)
 
     def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:
         h = x + self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)

@@ -275,7 +275,7 @@ class ResponseForward:
         for i, layer in enumerate(m.layers):
             att = layer.self_attn
             ops = SimpleNamespace(qkv=lambda h, p, layer=layer: layer.self_attn.qkv(p, layer.attn_norm(h)),
-                                  heads=att.heads,
+                                  heads=att.heads, reduce=att.reduce,
                                   value=lambda h, layer=layer: layer.self_attn.value(layer.attn_norm(h)),
                                   attend=lambda q, k, v, ridx, att=att: att.o_proj(step.attention(
                                       q, k, v, ridx, att.n_heads, att.n_kv, att.attn.scaling))[0], ffn=layer.ffn)

