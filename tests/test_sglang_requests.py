@@ -138,3 +138,25 @@ def test_what_a_launch_serves_is_admitted(models, tmp_path):
     for own in ({"cache": "none"}, {"cache": "canvas:kr=3,rho=0.5"}, {"sampler": "slowfast"}):
         assert block.validate_request(request(own)) is None, own
     assert whole.validate_request(request(temperature=0.7, sampling_seed=5)) is None  # its own generator
+
+
+def test_a_served_run_of_32_mixed_requests_selects_rows_in_buckets(models, monkeypatch):
+    """32 requests of 8 prompt lengths and 4 policies (``dllm``, ``dual``, ``prefix``, ``dpad``) through SGLang's
+    loop: every cached layer selects its recomputed rows to a size of the bucket set ({16, 32, 64, ...} or the
+    forward's rows; ``executor.bucket``), never to a count read from the device. (The forward's own row count is the
+    host's batch layout: padding it to buckets is the step context's, not yet built.)"""
+    from dllm_core.cache import executor
+
+    _, sg, ref = models["llada"]
+    mask = ref.args.mask_token_id
+    seen, select = [], executor._recomputed
+    monkeypatch.setattr(executor, "_recomputed", lambda rec, bound: (seen.append((rec.shape[0], bound)),
+                                                                     select(rec, bound))[1])
+    prompts = [[20 + (i * 7 + j) % 40 for j in range(3 + i % 8)] for i in range(32)]
+    own = [{}, {"cache": "dual"}, {"cache": "prefix"}, {"cache": "dpad:window=8,decay=none,tail=2"}]
+    out = serve(sg, mask, LAUNCH, [{"custom_params": {"dllm": own[i % 4]}} for i in range(32)], prompts=prompts)
+    assert len(out) == 32 and all(len(o) == GEN for o in out)
+    assert seen and all(b is not None for _, b in seen), "a cached layer read its row count from the device"
+    buckets = {16 << k for k in range(16)}
+    assert all(b in buckets or b >= n for n, b in seen), sorted({(n, b) for n, b in seen if b not in buckets})[:5]
+    assert len({b for _, b in seen}) <= 8, sorted({b for _, b in seen})

@@ -83,7 +83,7 @@ def rank_main(rank: int, ckpt: str, init: str, picks_reduced: bool, out: str) ->
 
 
 def tensor_parallel(ckpt, tmp_path, picks_reduced: bool) -> list[dict]:
-    ctx = mp.get_context("fork")
+    ctx = mp.get_context("spawn")  # fresh processes: no process group inherited from this one
     outs = [str(tmp_path / f"rank{r}-{picks_reduced}.pt") for r in range(WORLD)]
     init = tmp_path / f"init-{picks_reduced}"
     procs = [ctx.Process(target=rank_main, args=(r, str(ckpt), str(init), picks_reduced, outs[r]))
