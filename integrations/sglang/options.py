@@ -55,7 +55,8 @@ def request(flat: FlatOptions, req, block: int) -> FlatOptions:
     parameters (the core's ``FlatOptions.request``); raises ValueError naming the option (the scheduler's 400)."""
     sp = req.sampling_params
     for name, default in NOT_DECODED.items():
-        if getattr(sp, name, default) not in (default, None) and not (name == "logit_bias" and not sp.logit_bias):
+        value = getattr(sp, name, default)
+        if value is not None and value != default and value != {}:
             raise ValueError(f"{name}: not supported by a diffusion decode (dllm-serve)")
     if getattr(req, "return_logprob", False):
         raise ValueError("return_logprob: logprobs are not supported by a diffusion decode (dllm-serve)")
