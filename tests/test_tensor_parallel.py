@@ -67,50 +67,51 @@ def shard_ops(model, rank: int, picks_reduced: bool):
     return make
 
 
-def rank_main(rank: int, ckpt: str, init: str, picks_reduced: bool, out: str) -> None:
+def rank_main(rank: int, ckpts: dict, init: str, out: str) -> None:
+    """One rank: every architecture's step for every spec, with the picks reduced over the ranks and without."""
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=WORLD)
-    model = load_model(ckpt)
-    a = model.args
     res = {}
     with torch.no_grad():
-        for spec in SPECS:
-            h = PackedHostStep(model, spec, make_ops=shard_ops(model, rank, picks_reduced),
-                               kv=a.n_kv_heads * a.head_dim // WORLD)
-            res[spec] = (h.run(h.x), h.step.work())
+        for arch, ckpt in ckpts.items():
+            model = load_model(ckpt)
+            a = model.args
+            for reduced in (True, False):
+                for spec in SPECS if reduced else SPECS[:1]:
+                    h = PackedHostStep(model, spec, make_ops=shard_ops(model, rank, reduced),
+                                       kv=a.n_kv_heads * a.head_dim // WORLD)
+                    res[arch, spec, reduced] = (h.run(h.x), h.step.work())
     torch.save(res, out)
     dist.destroy_process_group()
 
 
-def tensor_parallel(ckpt, tmp_path, picks_reduced: bool) -> list[dict]:
-    ctx = mp.get_context("spawn")  # fresh processes: no process group inherited from this one
-    outs = [str(tmp_path / f"rank{r}-{picks_reduced}.pt") for r in range(WORLD)]
-    init = tmp_path / f"init-{picks_reduced}"
-    procs = [ctx.Process(target=rank_main, args=(r, str(ckpt), str(init), picks_reduced, outs[r]))
-             for r in range(WORLD)]
+@pytest.fixture(scope="module")
+def ranks(tmp_path_factory):
+    """Both ranks' answers (spawned: no process group inherited from this process) and each checkpoint."""
+    tmp = tmp_path_factory.mktemp("tp")
+    ckpts = {a: str(build_tiny_checkpoint(tmp / a, a)) for a in ("llada", "dream")}
+    ctx = mp.get_context("spawn")
+    outs = [str(tmp / f"rank{r}.pt") for r in range(WORLD)]
+    procs = [ctx.Process(target=rank_main, args=(r, ckpts, str(tmp / "init"), outs[r])) for r in range(WORLD)]
     for p in procs:
         p.start()
     for p in procs:
-        p.join(120)
+        p.join(300)
         assert p.exitcode == 0, f"rank exited with {p.exitcode}"
-    return [torch.load(o) for o in outs]
+    return [torch.load(o) for o in outs], ckpts
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
-def test_two_ranks_pick_what_one_process_picks(tmp_path, arch):
-    ckpt = build_tiny_checkpoint(tmp_path / arch, arch)
-    model = load_model(ckpt)
-    one = {}
-    with torch.no_grad():
-        for spec in SPECS:
-            h = PackedHostStep(model, spec)
-            one[spec] = (h.run(h.x), h.step.work())
-    ranks = tensor_parallel(ckpt, tmp_path, picks_reduced=True)
+def test_two_ranks_pick_what_one_process_picks(ranks, arch):
+    (r0, r1), ckpts = ranks
+    model = load_model(ckpts[arch])
     for spec in SPECS:
-        (x0, w0), (x1, w1), (x, w) = ranks[0][spec], ranks[1][spec], one[spec]
+        with torch.no_grad():
+            h = PackedHostStep(model, spec)
+            x, w = h.run(h.x), h.step.work()
+        (x0, w0), (x1, w1) = r0[arch, spec, True], r1[arch, spec, True]
         assert torch.equal(w0, w) and torch.equal(w1, w), spec  # the same rows recomputed as one process
         assert torch.equal(x0, x1), spec  # every rank holds the same hidden states
         torch.testing.assert_close(x0, x, atol=1e-5, rtol=1e-5, msg=spec)
-    apart = tensor_parallel(ckpt, tmp_path, picks_reduced=False)
-    spec = SPECS[0]
-    assert not torch.equal(apart[0][spec][0], one[spec][0]), "picks on a rank's own heads happened to agree"
+        if spec == SPECS[0]:  # picks on a rank's own heads part ways
+            assert not torch.equal(r0[arch, spec, False][0], x), "picks on a rank's own heads happened to agree"
