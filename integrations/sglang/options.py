@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dllm_core.engine.host_options import POLICY_KEY, FlatOptions, read_mapping, with_default_policy
 
+from sglang.srt.sampling.sampling_params import TOP_K_ALL
+
 HOST_KEYS = ("block_size",)  # SGLang's own DllmConfig reads these
 RENAMED = "dllm_cache"  # before 0.2: dLLM-Cache over the block as a mapping
 
@@ -33,7 +35,6 @@ def parse(algo: str, sampler_name: str | None, cfg: dict) -> FlatOptions:
 CUSTOM = "dllm"  # the request's own options: custom_params.dllm.<key> (the core's FLAT_REQUEST_KEYS and cache)
 WHERE = f"custom_params.{CUSTOM}."
 SEED_FIELD = "sampling_params.sampling_seed"
-TOP_K_ALL = 1 << 30  # SGLang's "every token" (sampling_params.TOP_K_ALL)
 NOT_DECODED = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
                "min_new_tokens": 0, "logit_bias": None, "json_schema": None, "regex": None, "ebnf": None,
                "structural_tag": None}  # SGLang's sampler options a diffusion decode does not run (their defaults)
