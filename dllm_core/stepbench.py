@@ -59,9 +59,8 @@ def floor_ms(model, B: int, T: int, work: float, cache_bytes: int, bandwidth: fl
     """The least time one step can take (a roofline): max(bytes read / bandwidth, FLOPs / peak). Bytes: every weight
     but the embedding once, and the policy's cache once; FLOPs: 2 x those weights x the positions the step runs
     (``work`` x B x T) plus attention (4 x positions x T x dim per layer)."""
-    a = model.args
-    weights = sum(p.numel() * p.element_size() for n, p in model.named_parameters() if "embed" not in n)
-    params = sum(p.numel() for n, p in model.named_parameters() if "embed" not in n)
+    a, kept = model.args, [p for n, p in model.named_parameters() if "embed" not in n]
+    weights, params = sum(p.numel() * p.element_size() for p in kept), sum(p.numel() for p in kept)
     rows = work * B * T
     flops = 2 * params * rows + 4 * rows * T * a.dim * a.n_layers
     return 1e3 * max((weights + cache_bytes) / bandwidth, flops / peak)

@@ -186,12 +186,15 @@ class PackedHostStep:
             x = self.step.layer(o, x, i)
         return x
 
+    def buffers(self) -> list[torch.Tensor]:
+        """Every stored feature buffer of both requests, in a fixed order."""
+        return [b for st in self.stores for store in st.stores.values() for b in store.bufs]
+
     def features(self) -> list[torch.Tensor]:
         """Every stored feature buffer (copies)."""
-        return [b.clone() for st in self.stores for store in st.stores.values() for b in store.bufs]
+        return [b.clone() for b in self.buffers()]
 
     def load(self, feats: list[torch.Tensor]) -> None:
         """Put back what ``features`` returned (a capture's warm-up ran the step once)."""
-        bufs = [b for st in self.stores for store in st.stores.values() for b in store.bufs]
-        for b, f in zip(bufs, feats):
+        for b, f in zip(self.buffers(), feats):
             b.copy_(f)
