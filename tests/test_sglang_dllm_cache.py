@@ -134,7 +134,7 @@ def test_random_select_and_prompt_kv_in_pool(models):
             assert torch.equal(pool.get_value_buffer(i)[loc].flatten(1), v[i])
 
 
-def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
+def test_launch_keeps_graphs_and_turns_off_radix_cache(tmp_path, caplog):
     from types import SimpleNamespace
 
     from sglang.srt.arg_groups.overrides import resolving_view
@@ -149,7 +149,7 @@ def test_launch_turns_off_graphs_and_radix_cache(tmp_path, caplog):
     sa.resolve_once()
     view = resolving_view(sa)
     assert view.disable_radix_cache and "cache dllm rewrites each request's prefix K/V in place" in caplog.text
-    assert view.cuda_graph_config.decode.backend == Backend.DISABLED
+    assert view.cuda_graph_config.decode.backend != Backend.DISABLED  # cached forwards: eager, one by one
     cfg = DllmConfig.from_server_args(sa)
     assert (cfg.policy().kp, cfg.policy().kr, cfg.policy().rho) == (4, 2, 0.25)
     req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SamplingParams(max_new_tokens=0))

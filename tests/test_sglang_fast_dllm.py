@@ -97,8 +97,8 @@ def test_rows_each_step_recomputes(models, arch, cache):
     sg, ref = models[arch]
     mask, shift = ref.args.mask_token_id, int(ref.shift_logits)
     seen, orig = [], sg.response_forward.hidden
-    sg.response_forward.hidden = lambda rows: (seen.extend((r.resp.P, r.start, *recomputed(r)) for r in rows),
-                                               orig(rows))[1]
+    sg.response_forward.hidden = lambda rows, *a: (seen.extend((r.resp.P, r.start, *recomputed(r)) for r in rows),
+                                                   orig(rows, *a))[1]
     try:
         out = serve(sg, mask, FastDllmThreshold, {"tau": 0.7}, cache, False)
     finally:
@@ -169,11 +169,12 @@ def resolved(model, algo: str, yaml_text: str, tmp_path):
     return sa
 
 
-def test_launch_turns_off_graphs_and_radix_cache_and_admits_whole_blocks(ckpt, tmp_path, caplog):
+def test_launch_turns_off_radix_cache_and_admits_whole_blocks(ckpt, tmp_path, caplog):
+    """(Graphs: LLaDA keeps them, ``test_sglang_plugin``; Dream turns them off for its prefix row.)"""
     sa = resolved(ckpt["dream"], "FastDllmThreshold", f"block_size: {L}\ncache: 'dual:every=2'", tmp_path)
     view = resolving_view(sa)
     assert view.disable_radix_cache and "radix cache disabled" in caplog.text
-    assert view.cuda_graph_config.decode.backend == Backend.DISABLED
+    assert view.cuda_graph_config.decode.backend == Backend.DISABLED and "DreamModel: the prefix row" in caplog.text
     cfg = DllmConfig.from_server_args(sa)
     assert cfg.policy().every == 2 and type(cfg.policy()).__name__ == "DualCache"
 

@@ -6,6 +6,8 @@ The oracle is dllm_core: the plain bidirectional forward (logits), and ``generat
 ``canvas`` cache policy - the block-canvas semantics of a paged host, optionally with
 response-side dLLM-Cache - which SGLang reproduces exactly when the prompt fills one block.
 """
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -89,9 +91,19 @@ def test_generation_matches_canvas_reference(models, arch, cls, cfg, spec, cache
     mask = ref.args.mask_token_id
     prompts = [[20 + i for i in range(L)], [40 + 3 * i for i in range(L)]]
     algo = cls(DllmConfig(cls.__name__, cfg, L, mask, 4, first_done_first_out_mode=fdfo))
-    out = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=2)).generate(prompts, 2 * L, mask)
+    driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=2))
+    out = driver.generate(prompts, 2 * L, mask)
     want = generate(ref, prompts, GenerationConfig(gen_length=2 * L, block_length=L, sampler=spec, cache=cache))
     assert out == want.tokens.tolist()
+    # each request's work: a forward per step it took (the embedded row's NFE), its rows through the full layers
+    # (every block row when exact; fewer under dLLM-Cache), the whole sequence per step for the uncached loop
+    work = algo.host.core.all_work()
+    n_layers = ref.args.n_layers
+    for row, nfe in zip(driver.rows, want.nfe):
+        [w] = [w for rid, w in work.items() if rid.startswith(f"slot{row.slot}.")]
+        assert w["forwards"] == nfe and w["full_token_layers"] == nfe * 3 * L * n_layers
+        block_rows = nfe * L * n_layers
+        assert w["token_layers"] == block_rows if cache == "canvas" else w["token_layers"] < block_rows, w
     if cache != "canvas":  # the cache is live: the exact semantics decode differently here
         exact = generate(ref, prompts, GenerationConfig(gen_length=2 * L, block_length=L, sampler=spec, cache="canvas"))
         assert exact.tokens.tolist() != out
@@ -118,3 +130,32 @@ def test_dream_prefix_row_once_per_block_and_slot_reuse(models):
     finally:
         sg.prefix_rows._recompute = orig
     assert calls == [[L - 1], [2 * L - 1]] * 2  # per request: blocks at L and 2L; steps reuse it
+
+
+def test_graphs_replay_only_plain_forwards(models):
+    """SGLang's decode graph runner keeps its graphs for every policy: through the plugin's hook on its real
+    ``can_run_graph``, a forward whose model holds a ``StepContext`` (dLLM-Cache's cached steps over the block)
+    runs eager, and every other forward (exact steps: each block's first, its persisting forward) may replay."""
+    from sglang.srt.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
+    from sglang.srt.plugins.hook_registry import HookRegistry
+
+    from integrations.sglang.algorithm import plain_forwards_only
+    from integrations.sglang.plugin import GRAPHS_HOOK
+
+    assert any(h is plain_forwards_only for _, h, _ in HookRegistry._hooks[GRAPHS_HOOK])
+    sg, ref = models["llada"]
+    mask = ref.args.mask_token_id
+    algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": "canvas:kr=3,rho=0.25"}, L, mask,
+                                        4))
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=2)
+    graphs, forward, seen = SimpleNamespace(model_runner=runner), runner.forward, []
+
+    def recorded(fb, *a, **kw):  # the real method's answer where the hook decides; the hook's own elsewhere
+        cached = sg.context is not None
+        seen.append((cached, DecodeCudaGraphRunner.can_run_graph(graphs, fb) if cached else
+                     plain_forwards_only(lambda *_: True, graphs, fb)))
+        return forward(fb, *a, **kw)
+
+    runner.forward = recorded
+    BlockDriver(algo, runner).generate([[20 + i for i in range(L)]], 2 * L, mask)
+    assert {c: g for c, g in seen} == {True: False, False: True}  # both kinds ran

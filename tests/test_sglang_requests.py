@@ -144,7 +144,7 @@ def test_a_served_run_of_32_mixed_requests_selects_rows_in_buckets(models, monke
     """32 requests of 8 prompt lengths and 4 policies (``dllm``, ``dual``, ``prefix``, ``dpad``) through SGLang's
     loop: every cached layer selects its recomputed rows to a size of the bucket set ({16, 32, 64, ...} or the
     forward's rows; ``executor.bucket``), never to a count read from the device. (The forward's own row count is the
-    host's batch layout: padding it to buckets is the step context's, not yet built.)"""
+    host's batch layout, each request's [0, P + G) in the ``StepContext``'s packed rows: not padded to buckets yet.)"""
     from dllm_core.cache import executor
 
     _, sg, ref = models["llada"]

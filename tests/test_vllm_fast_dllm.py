@@ -143,7 +143,7 @@ def test_greedy_output_equals_embedded_policy(served, case):
 
 def test_dpad_alone_in_a_batch(served):
     """A batch of DPad requests only: its steps between refreshes add no prefix row to the forward, only drop canvas
-    rows (the Extension then holds no extra row)."""
+    rows (the RowLayout then holds no extra row)."""
     outs, model, *_ = served
     _, sampler, cache, block, steps = CASES["dpad_threshold"]
     assert outs["dpad_threshold_alone"] == reference(model, sampler, cache, block, steps)[:1]

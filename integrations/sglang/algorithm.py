@@ -12,6 +12,7 @@ import torch
 
 from dllm_core.cache import HostRequest
 from dllm_core.cache.executor import CachedStep, PartStores
+from dllm_core.engine.context import StepContext
 from dllm_core.engine.host_options import FlatOptions
 from dllm_core.engine.slots import SlotConfig
 from dllm_core.engine.step import mask_in_prompt
@@ -80,9 +81,10 @@ class DllmCoreAlgorithm(DllmAlgorithm):
 
     @classmethod
     def configure_server_args(cls, server_args) -> None:
-        """Launch-time: validate the YAML (fail before any worker starts) and turn off what
-        dLLM-Cache cannot run with (CUDA graphs; tensor parallelism is refused) and what Fast-dLLM
-        cannot (CUDA graphs; the radix cache: a refresh rewrites the prefix K/V in place)."""
+        """Launch-time: validate the YAML (fail before any worker starts); a cache with data-dependent rows needs a
+        dllm-serve model, and a policy over the whole response turns the radix cache off (a refresh rewrites the
+        prefix K/V in place). CUDA graphs stay on: a forward whose ``StepContext`` runs cached layers or packed rows
+        runs eager (``plain_forwards_only``), every other forward replays SGLang's graphs."""
         from sglang.srt.arg_groups.overrides import resolving_view
 
         from .plugin import ARCHS, model_architecture
@@ -99,7 +101,6 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         where = f"--dllm-algorithm-config {path}: {cls.__name__}.cache: {pol.name}"
         if arch not in ARCHS:
             raise ValueError(f"{where} needs one of the dllm-serve models {list(ARCHS)}, got {arch}")
-        disable_cuda_graphs(server_args, f"{cls.__name__}: cache {pol.name} runs data-dependent rows")
         if opts.policy is not None:
             disable_radix_cache(server_args, f"{cls.__name__}: cache {pol.name} rewrites each request's prefix K/V "
                                              f"in place")
@@ -138,6 +139,7 @@ class BlockHost(SlotsHost):
     def __init__(self, *args):
         super().__init__(*args)
         self.configs: dict = {}  # (ResponsePlan, DecodeOptions) -> SlotConfig (built once)
+        self.lengths: dict[int, int] = {}  # per slot: prompt + response in whole blocks (the uncached loop's rows)
     literal: frozenset = frozenset()  # slots whose block holds literal prompt [MASK] ids (as -1)
 
     def admit(self, slot: int, gen: int, req, model, device) -> None:
@@ -150,13 +152,15 @@ class BlockHost(SlotsHost):
         config = self.configs.get((plan, opts.decode))
         if config is None:
             config = self.configs[plan, opts.decode] = SlotConfig.of(opts.decode, plan)
-        self.core.admit(slot, config, HostRequest(opts.cache, 0), stores=stores,
-                        seed=req.sampling_params.sampling_seed)
+        self.core.admit(slot, config, HostRequest(opts.cache, 0), getattr(req, "rid", None) or f"slot{slot}.gen{gen}",
+                        stores, req.sampling_params.sampling_seed)
+        self.lengths[slot] = len(req.origin_input_ids) + opts.response(max(req.sampling_params.max_new_tokens or 0, 1),
+                                                                       self.L).decoded
 
     def prepare(self, model_runner, fb, states: List[RowState]) -> None:
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
-        [MASK] ids excluded), their blocks begun and - dLLM-Cache over the block - the core's plan of the step
-        handed to the model (``block_step``; a persisting forward: exact)."""
+        [MASK] ids excluded), their blocks begun and the core's ``StepContext`` handed to the model (dLLM-Cache over
+        the block: its cached layers; a persisting forward: exact); the live rows' work counted."""
         L, dev = self.L, fb.input_ids.device
         held = self.fb  # the same batch steps until its blocks are done
         if held is None or held[0] is not fb or held[1] is not fb.req_pool_indices:
@@ -171,8 +175,6 @@ class BlockHost(SlotsHost):
             ids = ids if whole else ids[f]
             self.prompt_only = whole and not bool((ids == self.mask_id).any())
             if self.prompt_only:  # prompt blocks: nothing to decode (a new request is admitted at its first mask)
-                if self.opts.caching:
-                    model_runner.model.block_step = None
                 return
             self.bind(model_runner, fb)
             pm = fb.dllm_prompt_mask  # literal [MASK] ids inside the prompt: not to decode (-1)
@@ -182,14 +184,29 @@ class BlockHost(SlotsHost):
             self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
         core = self.core
         live = [i for i, s in enumerate(states) if not s.final]  # (lists: numpy is slower on a batch this small)
-        core.begin(slots if len(live) == len(states) else slots[live])
+        ls = slots if len(live) == len(states) else slots[live]
+        core.begin(ls)
+        model = model_runner.model
+        if not hasattr(model, "context"):  # not a dllm-serve model: it runs the block whole, its work not counted
+            return
+        core.count(ls, np.array([self.lengths[s] for s in ls.tolist()], dtype=np.int64) * core.layers)  # uncached
+        rows, cached = self.row_slots(live, dev), None
         if self.opts.caching:
-            if model_runner.model.quant_config is not None:
+            if model.quant_config is not None:
                 raise ValueError(f"cache: {self.policy.name}: its feature cache needs unquantized weights (drop "
                                  f"--quantization)")
-            plans = core.plan(slots[live], 0, L, 0)
-            regions = [r for i, hp in zip(live, plans) for r in hp.regions(i * L, core.stores[slots[i]], dev)]
-            model_runner.model.block_step = CachedStep(regions) if regions else None
+            regions = [r for i, hp in zip(live, core.plan(ls, 0, L, 0))
+                       for r in hp.regions(i * L, core.stores[slots[i]], dev)]
+            cached = CachedStep(regions) if regions else None
+        if cached is None:  # every row through every layer: the model's plain forward (SGLang's graph replays it)
+            core.token_layers.index_add_(0, rows, torch.full_like(rows, core.layers))
+        model.context = None if cached is None else StepContext(cached, work=core.token_layers, row_slots=rows)
+
+    def row_slots(self, live: list[int], device) -> torch.Tensor:
+        """[B * L] each row's request slot, the spare one for a block that is not stepped (its work: not counted)."""
+        at = np.full(len(self.slots), self.core.n_slots)
+        at[live] = self.slots[live]
+        return torch.as_tensor(np.repeat(at, self.L), device=device)
 
     def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:
         """One step of each request's block (full_logits [B * L, V]): commits written into input_ids in place;
@@ -216,6 +233,15 @@ class BlockHost(SlotsHost):
                 r = torch.as_tensor(live, device=ids.device)
                 ids[r] = torch.where(x == -1, ids[r], x)
         return final
+
+
+def plain_forwards_only(original, runner, forward_batch, *args, **kwargs) -> bool:
+    """AROUND SGLang's ``DecodeCudaGraphRunner.can_run_graph``: a graph captured from a dllm-serve model's plain
+    forward (every row through every layer) replays only for a forward with no ``StepContext``; one with cached
+    layers or packed rows (data-dependent rows, or rows outside the batch's blocks) runs eager."""
+    if getattr(getattr(runner.model_runner, "model", None), "context", None) is not None:
+        return False
+    return original(runner, forward_batch, *args, **kwargs)
 
 
 def disable_cuda_graphs(server_args, why: str) -> None:

@@ -1,6 +1,7 @@
 """LLaDA-8B and Dream-7B as SGLang dLLM models in SGLang's layers (``RadixAttention`` ``ENCODER_ONLY``), sizes and key
-names from dllm_core; a forward runs the core's plan of the step (``block_step``), Dream's prefix row
-(``prefix_row.py``) or, for a policy over the whole response, the planned rows (``response.ResponseForward``)."""
+names from dllm_core; a forward runs the core's ``StepContext`` of the step (``context``, set by the algorithm: its
+cached layers, or for a policy over the whole response its packed rows, ``response.ResponseForward``) and Dream's
+prefix row (``prefix_row.py``)."""
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -142,7 +143,7 @@ class DiffusionLMForSGLang(nn.Module):
         self.norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.lm_head = ParallelLMHead(a.vocab_size, a.dim, quant_config=quant_config, prefix="lm_head")
         self.logits_processor = LogitsProcessor(config, return_full_logits=True)
-        self.block_step = None  # dLLM-Cache over the block: the next forward's CachedStep (set by the algorithm)
+        self.context = None  # the core's StepContext of the next forward (set by the algorithm; None: run it whole)
         self.response_forward = ResponseForward(self)
         self.prefix_rows = PrefixRows(self) if self.core_cls.shift_logits else None
 
@@ -152,21 +153,22 @@ class DiffusionLMForSGLang(nn.Module):
     def get_input_embeddings(self) -> nn.Module:
         return self.embed
 
-    def hidden(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None) -> torch.Tensor:
+    def hidden(self, input_ids, positions, fb: ForwardBatch, input_embeds=None, ctx=None) -> torch.Tensor:
         """Final-layer hidden states (before the final norm) of the block tokens: [N, d]."""
         h = self.embed(input_ids) if input_embeds is None else input_embeds
-        step, self.block_step = self.block_step, None
-        for i, layer in enumerate(self.layers):
-            h = layer(positions, h, forward_batch) if step is None else step.layer(layer.ops(forward_batch), h,
-                                                                                  positions, i)
-        return h
+        if ctx is None:
+            for layer in self.layers:
+                h = layer(positions, h, fb)
+            return h
+        return ctx.run(self.layers, h, positions, lambda layer, x: layer(positions, x, fb), lambda layer: layer.ops(fb))
 
     @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None):
-        if self.response_forward.active(forward_batch):  # a policy over the whole response: the planned rows
-            return self.response_forward.forward(input_ids, forward_batch)
+        ctx, self.context = self.context, None
+        if ctx is not None and ctx.packed is not None and forward_batch.forward_mode.is_dllm_extend():
+            return self.response_forward.forward(input_ids, forward_batch, ctx)  # whole responses: the packed rows
         prefix = self.prefix_rows.rows(positions, forward_batch) if self.prefix_rows is not None else None
-        h = self.norm(self.hidden(input_ids, positions, forward_batch, input_embeds))
+        h = self.norm(self.hidden(input_ids, positions, forward_batch, input_embeds, ctx))
         if prefix is not None:  # Dream: one more logit row per request, for block position 0
             h = torch.cat([h, self.norm(prefix)])
         out = self.logits_processor(input_ids, h, self.lm_head, forward_batch)

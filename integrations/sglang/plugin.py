@@ -9,6 +9,7 @@ import importlib.util
 DEFAULT_BLOCK = 32
 ARCHS = ("LLaDAModelLM", "DreamModel")
 BLOCK_CAUSAL = "LLaDA2MoeModelLM"  # SGLang's own model class; its block size is the checkpoint's
+GRAPHS_HOOK = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
 
 
 def register() -> None:
@@ -17,7 +18,7 @@ def register() -> None:
     from sglang.srt.plugins.hook_registry import HookRegistry, HookType
 
     from .admission import HOOK as ADMISSION_HOOK, validate_request
-    from .algorithm import ALGORITHMS
+    from .algorithm import ALGORITHMS, plain_forwards_only
     from .configs import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
     from .spec import adaptive_worker
@@ -33,7 +34,8 @@ def register() -> None:
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
               HookType.AFTER),
              (ADMISSION_HOOK, validate_request, HookType.AFTER),
-             ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER)]
+             ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER),
+             (GRAPHS_HOOK, plain_forwards_only, HookType.AROUND)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, fn, kind)

@@ -1,7 +1,8 @@
 """A policy that refreshes the prefix (``cache: prefix`` / ``dual`` / ``dllm``) in SGLang's block scheduler, with the
 embedded engine's semantics: each response one canvas after its prompt, SGLang's block a window onto it.
 ``ResponseHost`` (algorithm side) steps each request on the core's ``ResponseSlots``; ``ResponseForward`` (model
-side) runs each live request's positions [0, P + G) as the core's ``PackedStep`` (``integrations/sglang/README.md``).
+side) runs each live request's positions [0, P + G) as the core's ``PackedStep``, planned in the core's ``StepContext``
+(``integrations/sglang/README.md``).
 """
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ import torch
 from dllm_core.cache import CachePolicy, HostPlan, HostRequest
 from dllm_core.cache.host import PackedStep
 from dllm_core.cache.executor import PartStores
+from dllm_core.engine.context import StepContext
 from dllm_core.engine.slots import ResponseSlots, SlotConfig
 
 from .options import request
@@ -73,7 +75,7 @@ class RowPlan:
 
 @dataclass
 class ForwardPlan:
-    """Set on the model by the host right before a forward (rows: per batch row, None = nothing to run)."""
+    """The host's rows of a forward (``StepContext.packed``; rows: per batch row, None = nothing to run)."""
 
     slots: list[int]
     rows: list[RowPlan | None]
@@ -170,7 +172,8 @@ class ResponseHost(SlotsHost):
                 r = resps[b]
                 rows[b] = RowPlan(r, hp, a, self.ids(r))
                 fwd.bind(r)
-        fwd.plan, fwd.core = ForwardPlan(slots, rows, shift), core
+            core.count(ls, (P + G) * core.layers)  # what the uncached loop runs
+        model.context = StepContext(packed=ForwardPlan(slots, rows, shift), work=core.token_layers)
         self.batch = (resps, offsets, live)
 
     def ids(self, r: Response) -> torch.Tensor:
@@ -227,8 +230,6 @@ class ResponseForward:
 
     def __init__(self, model):
         self.model = model
-        self.plan: ForwardPlan | None = None
-        self.core: ResponseSlots | None = None  # the planned requests' work is counted there
         self.step: PackedStep | None = None  # the last forward's rows
 
     def bind(self, r: Response) -> None:
@@ -241,13 +242,10 @@ class ResponseForward:
     def release(self, r: Response) -> None:
         r.feats = None
 
-    def active(self, fb: ForwardBatch) -> bool:
-        return self.plan is not None and fb.forward_mode.is_dllm_extend()
-
     @torch.no_grad()
-    def forward(self, input_ids: torch.Tensor, fb: ForwardBatch):
-        """The planned rows -> SGLang's logits output, ``full_logits`` [B * L, V] over the canvas blocks."""
-        plan, self.plan = self.plan, None
+    def forward(self, input_ids: torch.Tensor, fb: ForwardBatch, ctx):
+        """The context's rows -> SGLang's logits output, ``full_logits`` [B * L, V] over the canvas blocks."""
+        plan = ctx.packed
         if plan.slots != fb.req_pool_indices.tolist():
             raise RuntimeError("whole-response cache: the forward's batch is not the one the algorithm planned")
         m, B = self.model, fb.batch_size
@@ -256,15 +254,15 @@ class ResponseForward:
         live = [(b, r) for b, r in enumerate(plan.rows) if r is not None]
         if live:
             rows = [r for _, r in live]
-            hid = self.hidden(rows)
+            hid = self.hidden(rows, ctx.work)
             b_idx = torch.tensor([b for b, _ in live], device=h.device)[:, None] * L + torch.arange(L, device=h.device)
             h[b_idx.flatten()] = m.norm(hid[self.step.rows([r.start for r in rows], L, plan.shift).flatten()])
         return m.logits_processor(input_ids, h, m.lm_head, fb)
 
-    def hidden(self, rows: list[RowPlan]) -> torch.Tensor:
+    def hidden(self, rows: list[RowPlan], work: torch.Tensor) -> torch.Tensor:
         """Pre-norm final hidden states [N, d] of each request's positions [0, P + G) that its plan keeps, concatenated
         (the core's ``PackedStep``: two parts per request, its prompt and its response); the prompt's K/V of a layer
-        that recomputed some of it are written into SGLang's pool."""
+        that recomputed some of it are written into SGLang's pool; each request's full-layer rows added to ``work``."""
         m, pool, ids = self.model, get_token_to_kv_pool(), torch.cat([r.ids for r in rows])
         self.step = step = PackedStep([r.plan for r in rows], [r.resp.end for r in rows],
                                       [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
@@ -283,7 +281,5 @@ class ResponseForward:
             if step.recomputed(0, i):  # the prompts' K/V moved: into the pool
                 k, v = (torch.cat([g[0].store.bufs[j][i, 0] for g in step.regions]) for j in (0, 1))
                 pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim), v.view(-1, att.n_kv, att.head_dim))
-        slots = [r.resp.slot for r in rows]
-        self.core.token_layers[torch.tensor(slots, device=x.device)] += step.work()  # no sync
-        self.core.count(np.array(slots), np.array(step.ends) * len(m.layers))
+        work[torch.tensor([r.resp.slot for r in rows], device=x.device)] += step.work()  # no sync
         return x

