@@ -3,6 +3,8 @@ completions with the canvas reference's tokens, takes per-request options (Fast-
 among them) through ``vllm_xargs``,
 and rejects a bad option with HTTP 400 while it keeps serving. Each server runs as a job (its requests sent, the
 answers recorded, the server stopped): one server alive at a time."""
+from concurrent.futures import ThreadPoolExecutor
+
 import pytest
 
 from dllm_core import GenerationConfig, generate, load_model
@@ -120,9 +122,9 @@ def test_no_option_at_all_answers_long_requests_with_the_embedded_engines_tokens
     prompts = prompts_of(load_tokenizer(LONG), task.examples("test", 2))
     cfg = GenerationConfig(gen_length=256, block_length=32, sampler="low_confidence", cache="dual")
     want = generate(load_model(LONG), prompts, cfg).tokens.tolist()
-    with serving(LONG, tiny=False) as url:
-        for p, w in zip(prompts, want):
-            code, body = post(url, {"model": str(LONG), "prompt": p, "max_tokens": 256, "ignore_eos": True,
-                                    "return_token_ids": True})
-            assert code == 200, body
-            assert body["choices"][0]["token_ids"] == w
+    with serving(LONG, tiny=False) as url, ThreadPoolExecutor(len(prompts)) as pool:  # in flight together
+        answers = list(pool.map(lambda p: post(url, {"model": str(LONG), "prompt": p, "max_tokens": 256,
+                                                     "ignore_eos": True, "return_token_ids": True}), prompts))
+    for (code, body), w in zip(answers, want):
+        assert code == 200, body
+        assert body["choices"][0]["token_ids"] == w

@@ -160,6 +160,11 @@ class ResponseSlots:
             return self.slot_work(self.rid.index(rid))
         return self.finished_work.get(rid)
 
+    def ran_whole(self, row_slots: torch.Tensor) -> None:
+        """A forward that ran each of its rows through every layer: each row counted for its slot (``row_slots`` [N];
+        a host's padding rows: the spare slot ``n_slots``). No sync."""
+        self.token_layers.index_add_(0, row_slots, torch.full_like(row_slots, self.layers))
+
     def count(self, slots: np.ndarray, full_token_layers: np.ndarray | int = 0) -> None:
         """One forward taken part in by each of ``slots`` (what the uncached loop runs in it: per slot)."""
         self.forwards[slots] += 1
@@ -210,10 +215,11 @@ class ResponseSlots:
         return self._rows[1]
 
     def start(self, slots: np.ndarray, prefix: np.ndarray, width: np.ndarray,
-              tokens: torch.Tensor | None = None) -> None:
+              tokens: torch.Tensor | None = None, block: int = 0) -> None:
         """A fresh all-mask canvas of ``width`` columns for each of ``slots``, after ``prefix`` held positions: the
         blocks covering it, or one block for a streamed request (it emits each block; the next canvas is the rest).
-        ``tokens`` [k, t]: the canvas's first t columns as the host holds them (the rest: masks)."""
+        ``tokens`` [k, t]: the canvas's first t columns as the host holds them (the rest: masks); ``block``: the block
+        the loop starts at (a request a host re-admits with tokens it committed before)."""
         idx, W = self.index(slots), self.canvas.shape[1]
         last = self.canvas[idx].clone() if any(self.host[s].state is not None for s in slots.tolist()) else None
         if tokens is None:
@@ -221,7 +227,7 @@ class ResponseSlots:
         else:
             self.canvas[idx] = tokens if tokens.shape[1] == W else F.pad(tokens, (0, W - tokens.shape[1]),
                                                                          value=self.mask_id)
-        self.block[slots], self.new[slots] = 0, True
+        self.block[slots], self.new[slots] = block, True
         stream = np.array([self.host[s].stream for s in slots.tolist()], dtype=bool)
         self.n_blocks[slots] = np.where(stream, 1, -(-np.asarray(width) // self.block_len[slots]))
         for i, (s, p) in enumerate(zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist())):

@@ -199,7 +199,7 @@ class BlockHost(SlotsHost):
                        for r in hp.regions(i * L, core.stores[slots[i]], dev)]
             cached = CachedStep(regions) if regions else None
         if cached is None:  # every row through every layer: the model's plain forward (SGLang's graph replays it)
-            core.token_layers.index_add_(0, rows, torch.full_like(rows, core.layers))
+            core.ran_whole(rows)
         model.context = None if cached is None else StepContext(cached, work=core.token_layers, row_slots=rows)
 
     def row_slots(self, live: list[int], device) -> torch.Tensor:

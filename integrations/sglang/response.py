@@ -216,12 +216,9 @@ class ResponseHost(SlotsHost):
         core.fit(slot + 1, G)
         core.admit(slot, SlotConfig.of(opts.decode, plan), HostRequest(opts.policy, 0), r.rid,
                    seed=req.sampling_params.sampling_seed)
-        s = np.array([slot])
-        core.start(s, r.P, G)
         out = list(req.output_ids)[:G]
-        if out:
-            core.canvas[slot, :len(out)] = torch.tensor(out, device=device)
-            core.block[s] = len(out) // self.L
+        core.start(np.array([slot]), r.P, G, torch.tensor([out], dtype=torch.long, device=device) if out else None,
+                   len(out) // self.L)
 
 
 class ResponseForward:
