@@ -45,7 +45,8 @@ def generation_config(a: argparse.Namespace, tok=None):
     return GenerationConfig(
         gen_length=a.gen_length, block_length=a.block_length, steps=a.steps, sampler=a.sampler, cache=a.cache,
         temperature=a.temperature, top_p=a.top_p, top_k=a.top_k, cfg_scale=a.cfg_scale,
-        logits_eos_inf=a.logits_eos_inf, confidence_eos_eot_inf=a.confidence_eos_eot_inf, eot_id=eot, seed=a.seed)
+        logits_eos_inf=a.logits_eos_inf, confidence_eos_eot_inf=a.confidence_eos_eot_inf, eot_id=eot, seed=a.seed,
+        logprobs=getattr(a, "logprobs", None))
 
 
 def torch_dtype(name: str):
@@ -81,6 +82,9 @@ def cmd_generate(a) -> int:
     stop = stop_ids(tok, model)
     rows = [{"prompt": p, "text": decode(tok, ids, stop), "token_ids": ids, "nfe": n}
             for p, ids, n in zip(a.prompt, res.tokens.tolist(), res.nfe)]
+    if res.logprobs is not None:  # per answer token: its log-probability, the step's top alternatives
+        for r, lp in zip(rows, res.logprobs.rows()):
+            r["logprobs"], r["top_logprobs"] = [t["logprob"] for t in lp], [t["top"] for t in lp]
     if a.json:
         out = {"seconds": res.seconds, "work_ratio": res.counters.ratio(), "cache_bytes": res.counters.cache_bytes,
                "results": rows}
@@ -103,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--prompt", required=True, action="append", help="repeat for a batch")
     g.add_argument("--chat", action="store_true", help="wrap the prompt with the tokenizer's chat template")
     g.add_argument("--json", action="store_true")
+    g.add_argument("--logprobs", type=int, default=None,
+                   help="with --json: each answer token's log-probability under the step that committed it and that "
+                        "step's top k alternatives (0-20)")
     add_generation_args(g)
     g.set_defaults(func=cmd_generate)
     for mod in SUBCOMMANDS:

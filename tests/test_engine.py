@@ -149,10 +149,12 @@ def run_cli(*args):
 
 def test_cli_generate_json(llada_dir, dream_dir, llada):
     out = run_cli("generate", "--model", str(llada_dir), "--prompt", "Hello world!", "--chat", "--gen-length", "16",
-                  "--block-length", "8", "--steps", "8", "--json")
+                  "--block-length", "8", "--steps", "8", "--json", "--logprobs", "2")
     assert out.returncode == 0, out.stderr
     r = json.loads(out.stdout)
     assert set(r) >= {"text", "token_ids", "nfe", "seconds"} and r["nfe"] == 8 and len(r["token_ids"]) == 16
+    assert len(r["logprobs"]) == 16 and all(len(t) == 2 for t in r["top_logprobs"])
+    assert [t[0][0] for t in r["top_logprobs"]] == r["token_ids"]  # greedy: each token heads its step's list
     out = run_cli("generate", "--model", str(dream_dir), "--prompt", "a", "--prompt", "bcd", "--gen-length", "8",
                   "--block-length", "8", "--steps", "4", "--sampler", "threshold:tau=0.5", "--cache", "dual")
     assert out.returncode == 0, out.stderr and "nfe" in out.stderr

@@ -9,6 +9,9 @@ from ..sampling import Sampler
 from .request import DecodeOptions, ResponsePlan, response_plan
 
 
+MAX_LOGPROBS = 20  # top alternatives per token, at most (OpenAI's bound)
+
+
 def flag(name: str) -> str:
     """An option's CLI spelling (``--gen-length``)."""
     return "--" + name.replace("_", "-")
@@ -36,6 +39,7 @@ class GenerationConfig:
     mask_id: int | None = None
     eot_id: int | None = None
     seed: int = 0
+    logprobs: int | None = None  # None: none; k >= 0: each token's log-probability and its top k alternatives
 
     def __post_init__(self):
         try:
@@ -49,6 +53,10 @@ class GenerationConfig:
                                                        opts.sampler.fixed_steps, flag))
         if self.cfg_scale < 0:
             raise ValueError(f"--cfg-scale must be >= 0, got {self.cfg_scale}")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= MAX_LOGPROBS):
+            raise ValueError(f"--logprobs must be an integer in [0, {MAX_LOGPROBS}] (the top alternatives per token), "
+                             f"got {self.logprobs!r}")
 
     plan: ResponsePlan = field(init=False, repr=False, compare=False, default=None)  # set in __post_init__
 

@@ -13,6 +13,7 @@ from ..models import DiffusionLM
 from ..options import OptionError
 from ..sampling import TokenContext
 from .config import GenerationConfig
+from .logprobs import Logprobs
 from .step import mask_in_prompt, plan_step, take_step
 
 BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual", "canvas", "dllm")  # dllm: inside the block (CanvasCache)
@@ -20,13 +21,15 @@ BLOCK_CAUSAL_CACHES = ("none", "prefix", "dual", "canvas", "dllm")  # dllm: insi
 
 @dataclass
 class GenerationResult:
-    """tokens [B, gen_length] (the generated region), NFE per row, wall seconds, work counters."""
+    """tokens [B, gen_length] (the generated region), NFE per row, wall seconds, work counters; ``logprobs``: the
+    tokens' log-probabilities and top alternatives (``GenerationConfig.logprobs``; ``engine.logprobs``)."""
 
     tokens: torch.Tensor
     nfe: list[int]
     seconds: float
     counters: Counters
     prompt_lens: list[int]
+    logprobs: Logprobs | None = None
 
     @property
     def tokens_per_second(self) -> float:
@@ -182,6 +185,7 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
     col, lens = torch.arange(T, device=dev), torch.tensor([len(p) for p in prompts], device=dev)
     prompt_pos = (col < starts[:, None]) & (col >= (starts - lens)[:, None])  # [B, T]
     shift = int(model.shift_logits)
+    lp = None if cfg.logprobs is None else Logprobs.empty(B, T, cfg.logprobs, dev)
     t0 = time.perf_counter()
     try:
         for b in range(n_blocks):
@@ -198,15 +202,19 @@ def generate(model: DiffusionLM, prompts: list[list[int]] | list[int], cfg: Gene
                 if cfg_rows:  # classifier-free guidance: un + (scale + 1) * (cond - un)
                     cond, un = logits.chunk(2)
                     logits = un + (cfg.cfg_scale + 1) * (cond - un)
-                x[:, s:e] = take_step(sampler, st, plan, logits, x[:, s:e], tc)[0]
+                new = take_step(sampler, st, plan, logits, x[:, s:e], tc)[0]
+                if lp is not None:
+                    lp.record(logits, x[:, s + lo:s + hi], new[:, lo:hi], s + lo)
+                x[:, s:e] = new
                 nfe += plan.active
     finally:
         cache.end()
     if dev.type == "cuda":
         torch.cuda.synchronize()
     seconds = time.perf_counter() - t0
-    tokens = x.gather(1, starts[:, None] + torch.arange(cfg.gen_length, device=dev))  # [B, G]
-    return GenerationResult(tokens, nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts])
+    cols = starts[:, None] + torch.arange(cfg.gen_length, device=dev)  # [B, G]
+    return GenerationResult(x.gather(1, cols), nfe.tolist(), seconds, cache.counters, [len(p) for p in prompts],
+                            None if lp is None else lp.gather(cols))
 
 
 def generate_in_canvases(model: DiffusionLM, prompts: list[list[int]], cfg: GenerationConfig,
@@ -229,12 +237,15 @@ def generate_in_canvases(model: DiffusionLM, prompts: list[list[int]], cfg: Gene
         return generate(model, prompts, cfg)
     sub = replace(cfg, gen_length=canvas_length, steps=cfg.steps // n)
     seqs, parts, nfe, seconds, counters = [list(p) for p in prompts], [], [0] * len(prompts), 0.0, Counters()
+    lps = []
     for _ in range(n):
         r = generate(model, seqs, sub)
         parts.append(r.tokens)
+        lps.append(r.logprobs)
         seqs = [s + t for s, t in zip(seqs, r.tokens.tolist())]
         nfe, seconds = [a + b for a, b in zip(nfe, r.nfe)], seconds + r.seconds
         for f in ("forwards", "token_layers", "v_only", "full_token_layers"):
             setattr(counters, f, getattr(counters, f) + getattr(r.counters, f))
         counters.cache_bytes = max(counters.cache_bytes, r.counters.cache_bytes)
-    return GenerationResult(torch.cat(parts, 1), nfe, seconds, counters, [len(p) for p in prompts])
+    return GenerationResult(torch.cat(parts, 1), nfe, seconds, counters, [len(p) for p in prompts],
+                            None if cfg.logprobs is None else Logprobs.cat(lps))

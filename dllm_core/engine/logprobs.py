@@ -1,0 +1,54 @@
+"""Log-probabilities of a diffusion answer: each position's committed token under the distribution of the step that
+committed it - the log-softmax of that step's logits (classifier-free guidance applied; before temperature, top-p
+and top-k, as OpenAI-style APIs report them) - and the top k alternatives at that step. A token an editing sampler
+changes later takes the step of its last change. Every engine reports these (``docs/architecture.md``)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Logprobs:
+    """token [B, T]: the committed token's log-probability per position (0 where nothing was committed);
+    top / top_ids [B, T, k]: the step's k most likely tokens and their log-probabilities (k = 0: empty)."""
+
+    token: torch.Tensor
+    top: torch.Tensor
+    top_ids: torch.Tensor
+
+    @classmethod
+    def empty(cls, rows: int, width: int, k: int, device) -> "Logprobs":
+        return cls(torch.zeros(rows, width, device=device), torch.zeros(rows, width, k, device=device),
+                   torch.zeros(rows, width, k, dtype=torch.long, device=device))
+
+    def record(self, logits: torch.Tensor, old: torch.Tensor, new: torch.Tensor, lo: int) -> None:
+        """A step that turned ``old`` into ``new`` [B, W] at columns [lo, lo + W), from ``logits`` [B, W, V]: the
+        changed positions take this step's log-probabilities (no host sync)."""
+        cols = slice(lo, lo + new.shape[1])
+        changed = new != old  # [B, W]
+        logp = torch.log_softmax(logits.float(), -1)  # [B, W, V]
+        self.token[:, cols] = torch.where(changed, logp.gather(-1, new[..., None])[..., 0], self.token[:, cols])
+        k = self.top.shape[-1]
+        if k:
+            v, i = logp.topk(k, -1)  # [B, W, k]
+            self.top[:, cols] = torch.where(changed[..., None], v, self.top[:, cols])
+            self.top_ids[:, cols] = torch.where(changed[..., None], i, self.top_ids[:, cols])
+
+    def gather(self, cols: torch.Tensor) -> "Logprobs":
+        """The columns ``cols`` [B, G] of each row."""
+        k = self.top.shape[-1]
+        c3 = cols[..., None].expand(*cols.shape, k)
+        return Logprobs(self.token.gather(1, cols), self.top.gather(1, c3), self.top_ids.gather(1, c3))
+
+    @staticmethod
+    def cat(parts: list["Logprobs"]) -> "Logprobs":
+        """Consecutive canvases' answers, side by side."""
+        return Logprobs(*(torch.cat([getattr(p, f) for p in parts], 1) for f in ("token", "top", "top_ids")))
+
+    def rows(self) -> list[list[dict]]:
+        """Per row, per position: {"logprob": float, "top": [(token id, logprob), ...]} (one device read)."""
+        tok, top, ids = self.token.tolist(), self.top.tolist(), self.top_ids.tolist()
+        return [[{"logprob": t, "top": list(zip(i, v))} for t, v, i in zip(tr, vr, ir)]
+                for tr, vr, ir in zip(tok, top, ids)]
