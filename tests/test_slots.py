@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from dllm_core.cache import HostRequest, make_cache
+from dllm_core.engine.logprobs import Logprobs
 from dllm_core.engine.request import DecodeOptions
 from dllm_core.engine.slots import ResponseSlots, SlotConfig
 from dllm_core.engine.step import SlotStates, denoise_step
@@ -46,8 +47,8 @@ def run(device_tensors: bool, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     slots = ResponseSlots(2 * len(SPECS), W, MASK, "cpu")
     s = np.arange(len(SPECS)) * 2 + 1
-    for slot, c in zip(s.tolist(), configs()):
-        slots.admit(slot, c, HostRequest(make_cache("dual"), 5))
+    for i, (slot, c) in enumerate(zip(s.tolist(), configs())):  # the first two ask for logprobs (no read either)
+        slots.admit(slot, c, HostRequest(make_cache("dual"), 5), logprobs=2 if i < 2 else None)
     if device_tensors:
         slots.canvas = slots.canvas.as_subclass(OnDevice)
         for ss in slots.states.values():
@@ -91,10 +92,10 @@ def test_the_loop_is_the_embedded_one():
     g = torch.Generator().manual_seed(3)
     c = configs()[2]  # slowfast: the focus read back from the device drives the next step's window
     slots = ResponseSlots(1, W, MASK, "cpu")
-    slots.admit(0, c, HostRequest(make_cache("dual"), 0))
+    slots.admit(0, c, HostRequest(make_cache("dual"), 0), logprobs=3)
     s = np.array([0])
     slots.start(s, np.array([0]), np.array([W]))
-    ref = torch.full((1, W), MASK)
+    ref, ref_lp = torch.full((1, W), MASK), Logprobs.empty(1, W, 3, "cpu")  # and the embedded loop's logprobs
     ss = SlotStates(c.sampler, c.block_length, c.steps, "cpu", 1)
     tc = TokenContext(MASK)
     for b in range(W // c.block_length):
@@ -106,9 +107,14 @@ def test_the_loop_is_the_embedded_one():
             slots.begin(s)
             slots.plan(s, np.array([0]), np.array([W]), 0)
             slots.take(s, logits)
-            ref[:, cols], _ = denoise_step(c.sampler, st, logits, ref[:, cols], tc)
+            new, _ = denoise_step(c.sampler, st, logits, ref[:, cols], tc)
+            ref_lp.record(logits, ref[:, cols], new, cols.start)
+            ref[:, cols] = new
             assert torch.equal(slots.canvas, ref)
     assert not (ref == MASK).any()
+    got = slots.logprobs_of(0, slice(None))
+    assert torch.equal(got.token, ref_lp.token[0]) and torch.equal(got.top_ids, ref_lp.top_ids[0])
+    assert torch.equal(got.top, ref_lp.top[0]) and (got.token < 0).all()
 
 
 def test_release_keeps_the_work_by_request_id():

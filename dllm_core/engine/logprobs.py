@@ -24,17 +24,32 @@ class Logprobs:
                    torch.zeros(rows, width, k, dtype=torch.long, device=device))
 
     def record(self, logits: torch.Tensor, old: torch.Tensor, new: torch.Tensor, lo: int) -> None:
-        """A step that turned ``old`` into ``new`` [B, W] at columns [lo, lo + W), from ``logits`` [B, W, V]: the
-        changed positions take this step's log-probabilities (no host sync)."""
-        cols = slice(lo, lo + new.shape[1])
-        changed = new != old  # [B, W]
-        logp = torch.log_softmax(logits.float(), -1)  # [B, W, V]
-        self.token[:, cols] = torch.where(changed, logp.gather(-1, new[..., None])[..., 0], self.token[:, cols])
+        """A step that turned ``old`` into ``new`` [B, W] at columns [lo, lo + W) of every row, from ``logits``
+        [B, W, V]: the changed positions take this step's log-probabilities (no host sync)."""
+        B, W = new.shape
+        cols = torch.arange(lo, lo + W, device=new.device).expand(B, W)
+        self.record_at(torch.arange(B, device=new.device), cols, logits, old, new)
+
+    def record_at(self, rows: torch.Tensor, cols: torch.Tensor, logits: torch.Tensor, old: torch.Tensor,
+                  new: torch.Tensor) -> None:
+        """``record`` for rows ``rows`` [m] at their own columns ``cols`` [m, W] (a host's slots and blocks)."""
+        r, changed = rows[:, None], new != old  # [m, W]
+        logp = torch.log_softmax(logits.float(), -1)  # [m, W, V]
+        self.token[r, cols] = torch.where(changed, logp.gather(-1, new[..., None])[..., 0], self.token[r, cols])
         k = self.top.shape[-1]
         if k:
-            v, i = logp.topk(k, -1)  # [B, W, k]
-            self.top[:, cols] = torch.where(changed[..., None], v, self.top[:, cols])
-            self.top_ids[:, cols] = torch.where(changed[..., None], i, self.top_ids[:, cols])
+            v, i = logp.topk(k, -1)  # [m, W, k]
+            self.top[r, cols] = torch.where(changed[..., None], v, self.top[r, cols])
+            self.top_ids[r, cols] = torch.where(changed[..., None], i, self.top_ids[r, cols])
+
+    def resized(self, rows: int, width: int, k: int) -> "Logprobs":
+        """At least ``rows`` x ``width`` positions and ``k`` alternatives, what is held kept."""
+        R, W, K = self.token.shape[0], self.token.shape[1], self.top.shape[-1]
+        if rows <= R and width <= W and k <= K:
+            return self
+        out = Logprobs.empty(max(rows, R), max(width, W), max(k, K), self.token.device)
+        out.token[:R, :W], out.top[:R, :W, :K], out.top_ids[:R, :W, :K] = self.token, self.top, self.top_ids
+        return out
 
     def gather(self, cols: torch.Tensor) -> "Logprobs":
         """The columns ``cols`` [B, G] of each row."""

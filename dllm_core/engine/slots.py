@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from ..cache.executor import PartStores
 from ..cache.host import HostPlan, HostRequest
 from ..sampling import Sampler, TokenContext
+from .logprobs import Logprobs
 from .request import DecodeOptions, ResponsePlan
 from .step import SlotStates, denoise_step, stuck, stuck_error
 
@@ -93,6 +94,9 @@ class ResponseSlots:
         self.forwards = np.zeros(n_slots, dtype=np.int64)
         self.full_token_layers = np.zeros(n_slots, dtype=np.int64)
         self.finished_work: OrderedDict[str, dict] = OrderedDict()  # the last WORK_KEPT finished, by request id
+        # log-probabilities of the canvas positions of the slots whose request asks (``lp_k``: its top k; -1: none)
+        self.lp_k = np.full(n_slots, -1, dtype=np.int64)
+        self.logprobs: Logprobs | None = None
 
     @property
     def n_slots(self) -> int:
@@ -112,17 +116,25 @@ class ResponseSlots:
             self.block, self.n_blocks, self.new, self.focus, self.changed, self.block_len, self.group = (
                 pad(self.block), pad(self.n_blocks, 1), pad(self.new), pad(self.focus), pad(self.changed),
                 pad(self.block_len, 1), pad(self.group, -1))
-            self.forwards, self.full_token_layers = pad(self.forwards), pad(self.full_token_layers)
+            self.forwards, self.full_token_layers, self.lp_k = pad(self.forwards), pad(self.full_token_layers), \
+                pad(self.lp_k, -1)
             self.token_layers = torch.cat([self.token_layers[:S], self.token_layers.new_zeros(grow + 1)])
             for lst in (self.config, self.host, self.stores, self.rid, self.generators):
                 lst.extend([None] * grow)
+        if self.logprobs is not None:
+            self.logprobs = self.logprobs.resized(S2, W2, 0)
 
     # ---- admission -----------------------------------------------------------------------------------
     def admit(self, slot: int, config: SlotConfig, host: HostRequest, rid: str | None = None,
-              stores: PartStores | None = None, seed: int | None = None) -> None:
+              stores: PartStores | None = None, seed: int | None = None, logprobs: int | None = None) -> None:
         """A new request in ``slot``: fresh sampler rows and work counters; ``seed``: its own generator (a sampled
-        request then draws what the embedded engine draws for it alone with that seed), else the server's."""
+        request then draws what the embedded engine draws for it alone with that seed), else the server's;
+        ``logprobs``: its positions' log-probabilities and top ``logprobs`` alternatives are kept (``logprobs_of``)."""
         self.config[slot], self.host[slot], self.stores[slot], self.rid[slot] = config, host, stores, rid
+        self.lp_k[slot] = -1 if logprobs is None else logprobs
+        if logprobs is not None:
+            self.logprobs = (self.logprobs or Logprobs.empty(0, 0, 0, self.device)).resized(*self.canvas.shape,
+                                                                                            logprobs)
         self.generators[slot] = None if seed is None else torch.Generator(self.device).manual_seed(seed)
         gid = self.config_ids.setdefault(config, len(self.configs))
         if gid == len(self.configs):
@@ -228,6 +240,8 @@ class ResponseSlots:
             self.canvas[idx] = tokens if tokens.shape[1] == W else F.pad(tokens, (0, W - tokens.shape[1]),
                                                                          value=self.mask_id)
         self.block[slots], self.new[slots] = block, True
+        if self.logprobs is not None:
+            self.logprobs.token[idx] = 0.0
         stream = np.array([self.host[s].stream for s in slots.tolist()], dtype=bool)
         self.n_blocks[slots] = np.where(stream, 1, -(-np.asarray(width) // self.block_len[slots]))
         for i, (s, p) in enumerate(zip(slots.tolist(), np.broadcast_to(prefix, slots.shape).tolist())):
@@ -289,6 +303,7 @@ class ResponseSlots:
                 tc = dataclasses.replace(tc, generator=tuple(g or self.generator for g in own))
             x, done = denoise_step(c.sampler, st, lg, x0, tc, self._window(s, c), check=False)
             ss.scatter(idx, st, key)
+            self._record(s, idx, rows, cols, c.block_length, lg, x0, x)
             read += [done, (x != x0).sum(-1)]  # before the write: x0 may be a view of the canvas
             self._write(rows, cols, x)
             bad = stuck(c.sampler, st, lambda: x == self.mask_id)
@@ -312,6 +327,23 @@ class ResponseSlots:
             self.new[s] = done
             done_canvas[pos] = self.block[s] >= self.n_blocks[s]
         return done_canvas
+
+    def _record(self, s: np.ndarray, idx: torch.Tensor, rows, cols, L: int, lg, x0, x) -> None:
+        """The step's log-probabilities for the rows whose request asks (``engine.logprobs``; before the canvas is
+        written: ``x0`` may be a view of it)."""
+        want = self.lp_k[s] >= 0
+        if not want.any():
+            return
+        if isinstance(cols, slice):
+            cols = torch.arange(cols.start, cols.stop, device=self.device).expand(len(s), L)
+        w = None if want.all() else torch.as_tensor(np.flatnonzero(want), device=self.device)
+        pick = (lambda t: t) if w is None else (lambda t: t[w])
+        self.logprobs.record_at(pick(idx), pick(cols), pick(lg), pick(x0), pick(x))
+
+    def logprobs_of(self, slot: int, cols: slice) -> Logprobs:
+        """The log-probabilities of slot ``slot``'s canvas columns ``cols``, with its request's top k (``admit``)."""
+        lp, k = self.logprobs, int(self.lp_k[slot])
+        return Logprobs(lp.token[slot, cols], lp.top[slot, cols, :k], lp.top_ids[slot, cols, :k])
 
     def _blocks(self, slots: np.ndarray, L: int, columns: bool = False,
                 key: tuple | None = None) -> tuple[slice | torch.Tensor, slice | torch.Tensor]:
