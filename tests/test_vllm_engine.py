@@ -50,6 +50,7 @@ CASES = {
 }
 SAMPLED = [(i, seed) for i in (0, 2) for seed in (7, 7, 8)]  # (prompt, the request's seed): temperature 0.8
 SAMPLED_ARGS = {"dllm_sampler": "low_confidence", "dllm_steps": 12}
+LOGPROBS = [0, 3]  # prompts asking for logprobs (top 2) with the low_confidence case's options
 INVALID = {
     "dllm_sampler": {"dllm_sampler": "bogus"},
     "dllm_cache": {"dllm_cache": "dual:every=-1"},
@@ -73,6 +74,9 @@ def engines(checkpoints):
     batch += [{"prompt_token_ids": PROMPTS[i], "params": {"max_tokens": 24, "ignore_eos": True, "temperature": 0.8,
                                                           "seed": seed, "extra_args": SAMPLED_ARGS}}
               for i, seed in SAMPLED]
+    xa, mt, *_ = CASES["low_confidence"]
+    batch += [{"prompt_token_ids": PROMPTS[i], "params": {"max_tokens": mt, "ignore_eos": True, "extra_args": xa,
+                                                          "logprobs": 2}} for i in LOGPROBS]
     invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}}
                for xa in INVALID.values()]
     engine = {**ENGINE, "additional_config": {"dllm": SERVER}}
@@ -92,7 +96,8 @@ def served(request, engines, checkpoints):
     outs = res["batches"][0]
     n = len(PROMPTS)
     per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
-    per_case["sampled"] = outs[len(CASES) * n:]
+    per_case["sampled"] = outs[len(CASES) * n:len(CASES) * n + len(SAMPLED)]
+    per_case["logprobs"] = list(zip(outs[-len(LOGPROBS):], res["logprobs"][0][-len(LOGPROBS):]))
     return per_case, dict(zip(INVALID, res["invalid"])), load_model(checkpoints[request.param])
 
 
@@ -155,6 +160,24 @@ def test_a_sampled_request_with_a_seed_draws_what_the_embedded_engine_draws_with
         assert out == generate(model, [PROMPTS[i]], replace(cfg, seed=seed)).tokens[0].tolist(), (i, seed)
     assert got[0] == got[1] != got[2] and got[3] == got[4] != got[5]
     assert got[0] != reference(model, "low_confidence", "none", 4)[0]  # sampled, not greedy
+
+
+def test_a_request_s_logprobs_are_the_embedded_engine_s(served):
+    """``SamplingParams.logprobs`` (top 2): each emitted token's log-probability, rank and its step's top 2 equal the
+    embedded engine's for the same tokens (to 1e-4), request by request among others that ask for none."""
+    outs, _, model = served
+    cfg = GenerationConfig(gen_length=BLOCKS * CANVAS, block_length=CANVAS, steps=12, sampler="low_confidence",
+                           cache=CanvasCache(), logprobs=2)
+    for i, (tokens, got) in zip(LOGPROBS, outs["logprobs"]):
+        want = generate(model, [PROMPTS[i]], cfg)
+        assert tokens == want.tokens[0].tolist() and len(got) == len(tokens)
+        lp = want.logprobs
+        for j, (t, pos) in enumerate(zip(tokens, got)):
+            by_id = {tid: (v, rank) for tid, v, rank in pos}
+            assert by_id[t][0] == pytest.approx(lp.token[0, j].item(), abs=1e-4) and by_id[t][1] == lp.rank[0, j]
+            for tid, v in zip(lp.top_ids[0, j].tolist(), lp.top[0, j].tolist()):
+                assert by_id[tid][0] == pytest.approx(v, abs=1e-4)
+            assert set(by_id) <= {t, *lp.top_ids[0, j].tolist()}
 
 
 def test_bad_per_request_options_are_rejected_at_admission(served):

@@ -80,10 +80,15 @@ def test_request_errors_name_the_option(xargs, msg):
         request_options(xargs, DEFAULTS)
 
 
-def test_admission_check_rejects_logprobs():
+def test_admission_check_bounds_logprobs_and_rejects_prompt_logprobs():
     validate_request(SimpleNamespace(extra_args={"dllm_sampler": "factor"}, logprobs=None, prompt_logprobs=None))
-    with pytest.raises(ValueError, match="logprobs: not supported"):
-        validate_request(SimpleNamespace(extra_args=None, logprobs=2, prompt_logprobs=None))
+    for k in (0, 2, 20):
+        validate_request(SimpleNamespace(extra_args=None, logprobs=k, prompt_logprobs=None))
+    for k in (-1, 21):
+        with pytest.raises(ValueError, match=rf"logprobs: {k} top alternatives asked; allowed: 0 to 20"):
+            validate_request(SimpleNamespace(extra_args=None, logprobs=k, prompt_logprobs=None))
+    with pytest.raises(ValueError, match="prompt_logprobs: not supported"):
+        validate_request(SimpleNamespace(extra_args=None, logprobs=None, prompt_logprobs=1))
 
 
 def test_openai_temperature_and_seed():

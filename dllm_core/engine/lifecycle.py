@@ -22,6 +22,7 @@ from ..cache.executor import CachedStep, PartStores
 from .context import RowLayout, StepContext, as_rows
 from .generate import grid_canvas_width
 from .host_options import Served
+from .logprobs import Logprobs
 from .request import DecodeOptions
 from .slots import ResponseSlots, SlotConfig
 
@@ -31,14 +32,16 @@ PREFILL, DENOISE, COMMIT = 0, 1, 2
 @dataclass
 class Sampled:
     """One step's outcome per row of the host's batch: ``emit`` the rows that emit (a commit step), ``tokens``
-    [k, W] / ``n`` [k] what they emit; ``rejected`` [n] the rows' logits the host rolls back; ``touched`` the slots
-    whose canvas the host's draft rows take next (``CanvasLifecycle.scheduled``)."""
+    [k, W] / ``n`` [k] what they emit (``logprobs``: theirs, with the largest top k asked); ``rejected`` [n] the
+    rows' logits the host rolls back; ``touched`` the slots whose canvas the host's draft rows take next
+    (``CanvasLifecycle.scheduled``)."""
 
     emit: np.ndarray
     tokens: torch.Tensor | None
     n: np.ndarray
     rejected: np.ndarray
     touched: np.ndarray
+    logprobs: Logprobs | None = None  # [k, W] of the emitted tokens, when an emitting request asks
 
 
 class CanvasLifecycle:
@@ -68,16 +71,17 @@ class CanvasLifecycle:
 
     # ---- admission -------------------------------------------------------------------------------------
     def add(self, slot: int, opts: DecodeOptions, max_tokens: int | None, prompt_len: int, rid: str | None = None,
-            seed: int | None = None, top_p: float | None = None, top_k: int | None = None) -> None:
+            seed: int | None = None, top_p: float | None = None, top_k: int | None = None,
+            logprobs: int | None = None) -> None:
         """A new request in ``slot``: its response plan by the served rules, its policy (a block-causal model: the
-        canvas schedule, every policy exact on one path)."""
+        canvas schedule, every policy exact on one path); ``logprobs``: its tokens' and top k (``Sampled``)."""
         plan = self.served.plan(opts, max_tokens)
         cache = CanvasCache() if self.block_causal else host_cache(opts.cache)
         self.stream[slot] = stream = self.served.streams(opts, cache, plan)
         self.phase[slot], self.held[slot], self.response_left[slot] = PREFILL, prompt_len, plan.decoded
         self.slots.admit(slot, SlotConfig.of(opts, plan, top_p, top_k),
                          HostRequest(cache, prompt_len, stream, self.device), rid,
-                         PartStores(*self.feature_shape, self.dim, self.last_hidden), seed)
+                         PartStores(*self.feature_shape, self.dim, self.last_hidden), seed, logprobs)
 
     def remove(self, slot: int) -> None:
         self.slots.release(slot)
@@ -98,9 +102,12 @@ class CanvasLifecycle:
     def scheduled(self, slots: np.ndarray) -> torch.Tensor:
         """The canvases of ``slots`` from their first scheduled position: [m, canvas_len] (a block-causal
         canvas holds its grid block's prompt tail in the columns before ``offset``; later columns repeat)."""
+        return self.slots.canvas[as_rows(slots, self.device)].gather(1, self._columns(slots))
+
+    def _columns(self, slots: np.ndarray) -> torch.Tensor:
+        """[m, canvas_len] the canvas columns from each slot's first scheduled position (later ones repeat)."""
         off = torch.as_tensor(self.offset[slots], device=self.device)
-        cols = (off[:, None] + torch.arange(self.canvas_len, device=self.device)).clamp(max=self.canvas_len - 1)
-        return self.slots.canvas[as_rows(slots, self.device)].gather(1, cols)
+        return (off[:, None] + torch.arange(self.canvas_len, device=self.device)).clamp(max=self.canvas_len - 1)
 
     def start_canvas(self, slots: np.ndarray) -> None:
         """A fresh all-mask canvas for ``slots`` (after their prefill or commit): one block when streaming, else
@@ -191,10 +198,13 @@ class CanvasLifecycle:
         emit = np.flatnonzero(commit)
         n_emit = self.emitted(slots[emit], nlog[emit])
         rejected[emit] = nlog[emit] - n_emit
-        tokens = None
+        tokens = lp = None
         if len(emit):
             keep = torch.arange(self.canvas_len, device=self.device) < as_rows(n_emit, self.device)[:, None]
             tokens = torch.where(keep, self.scheduled(slots[emit]), 0)  # [k, W]
+            k = int(self.slots.lp_k[slots[emit]].max())
+            if k >= 0:  # read before a fresh canvas clears them
+                lp = self.slots.logprobs.take(as_rows(slots[emit], self.device), self._columns(slots[emit]), k)
         if denoise.any():
             rows = np.flatnonzero(denoise)
             self.phase[slots[rows]] = np.where(self._denoise(slots[rows], nlog[rows], cu[rows], logits, head),
@@ -202,7 +212,7 @@ class CanvasLifecycle:
         fresh = slots[prefilled | commit]
         if len(fresh):
             self.start_canvas(fresh)
-        return Sampled(emit, tokens, n_emit, rejected, slots[prefilled | commit | denoise])
+        return Sampled(emit, tokens, n_emit, rejected, slots[prefilled | commit | denoise], lp)
 
     def emitted(self, slots: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Tokens each commit emits (the canvas, or its first block when streaming), counted as held."""

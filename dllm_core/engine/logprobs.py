@@ -11,17 +11,22 @@ import torch
 
 @dataclass
 class Logprobs:
-    """token [B, T]: the committed token's log-probability per position (0 where nothing was committed);
-    top / top_ids [B, T, k]: the step's k most likely tokens and their log-probabilities (k = 0: empty)."""
+    """token [B, T]: the committed token's log-probability per position (0 where nothing was committed); rank
+    [B, T]: its rank in the step's distribution (1: the most likely); top / top_ids [B, T, k]: the step's k most
+    likely tokens and their log-probabilities (k = 0: empty)."""
 
     token: torch.Tensor
     top: torch.Tensor
     top_ids: torch.Tensor
+    rank: torch.Tensor
+
+    FIELDS = ("token", "top", "top_ids", "rank")
 
     @classmethod
     def empty(cls, rows: int, width: int, k: int, device) -> "Logprobs":
         return cls(torch.zeros(rows, width, device=device), torch.zeros(rows, width, k, device=device),
-                   torch.zeros(rows, width, k, dtype=torch.long, device=device))
+                   torch.zeros(rows, width, k, dtype=torch.long, device=device),
+                   torch.zeros(rows, width, dtype=torch.long, device=device))
 
     def record(self, logits: torch.Tensor, old: torch.Tensor, new: torch.Tensor, lo: int) -> None:
         """A step that turned ``old`` into ``new`` [B, W] at columns [lo, lo + W) of every row, from ``logits``
@@ -35,7 +40,9 @@ class Logprobs:
         """``record`` for rows ``rows`` [m] at their own columns ``cols`` [m, W] (a host's slots and blocks)."""
         r, changed = rows[:, None], new != old  # [m, W]
         logp = torch.log_softmax(logits.float(), -1)  # [m, W, V]
-        self.token[r, cols] = torch.where(changed, logp.gather(-1, new[..., None])[..., 0], self.token[r, cols])
+        tok = logp.gather(-1, new[..., None])  # [m, W, 1]
+        self.token[r, cols] = torch.where(changed, tok[..., 0], self.token[r, cols])
+        self.rank[r, cols] = torch.where(changed, (logp > tok).sum(-1) + 1, self.rank[r, cols])
         k = self.top.shape[-1]
         if k:
             v, i = logp.topk(k, -1)  # [m, W, k]
@@ -49,18 +56,22 @@ class Logprobs:
             return self
         out = Logprobs.empty(max(rows, R), max(width, W), max(k, K), self.token.device)
         out.token[:R, :W], out.top[:R, :W, :K], out.top_ids[:R, :W, :K] = self.token, self.top, self.top_ids
+        out.rank[:R, :W] = self.rank
         return out
 
     def gather(self, cols: torch.Tensor) -> "Logprobs":
         """The columns ``cols`` [B, G] of each row."""
-        k = self.top.shape[-1]
-        c3 = cols[..., None].expand(*cols.shape, k)
-        return Logprobs(self.token.gather(1, cols), self.top.gather(1, c3), self.top_ids.gather(1, c3))
+        return self.take(torch.arange(cols.shape[0], device=cols.device), cols)
+
+    def take(self, rows: torch.Tensor, cols: torch.Tensor, k: int | None = None) -> "Logprobs":
+        """Rows ``rows`` [m] at their columns ``cols`` [m, G], with the first ``k`` alternatives (None: all)."""
+        r, k = rows[:, None], self.top.shape[-1] if k is None else k
+        return Logprobs(self.token[r, cols], self.top[r, cols, :k], self.top_ids[r, cols, :k], self.rank[r, cols])
 
     @staticmethod
     def cat(parts: list["Logprobs"]) -> "Logprobs":
         """Consecutive canvases' answers, side by side."""
-        return Logprobs(*(torch.cat([getattr(p, f) for p in parts], 1) for f in ("token", "top", "top_ids")))
+        return Logprobs(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Logprobs.FIELDS))
 
     def rows(self) -> list[list[dict]]:
         """Per row, per position: {"logprob": float, "top": [(token id, logprob), ...]} (one device read)."""

@@ -343,7 +343,7 @@ class ResponseSlots:
     def logprobs_of(self, slot: int, cols: slice) -> Logprobs:
         """The log-probabilities of slot ``slot``'s canvas columns ``cols``, with its request's top k (``admit``)."""
         lp, k = self.logprobs, int(self.lp_k[slot])
-        return Logprobs(lp.token[slot, cols], lp.top[slot, cols, :k], lp.top_ids[slot, cols, :k])
+        return Logprobs(lp.token[slot, cols], lp.top[slot, cols, :k], lp.top_ids[slot, cols, :k], lp.rank[slot, cols])
 
     def _blocks(self, slots: np.ndarray, L: int, columns: bool = False,
                 key: tuple | None = None) -> tuple[slice | torch.Tensor, slice | torch.Tensor]:

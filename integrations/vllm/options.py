@@ -9,6 +9,7 @@ import dataclasses
 
 from dllm_core.engine import host_options
 from dllm_core.engine.host_options import REQUEST_KEYS, Served
+from dllm_core.engine.config import MAX_LOGPROBS
 from dllm_core.engine.request import DecodeOptions, not_decoded_error
 
 PREFIX = "dllm_"
@@ -78,9 +79,13 @@ def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> 
     opts = request_options(getattr(sampling_params, "extra_args", None), defaults or SERVED.defaults,
                            getattr(sampling_params, "temperature", None))
     SERVED.admit(opts, getattr(sampling_params, "max_tokens", None))
-    for field in ("logprobs", "prompt_logprobs"):
-        if getattr(sampling_params, field, None) is not None:
-            raise ValueError(f"{field}: not supported for diffusion models served by the dllm adapter")
+    if getattr(sampling_params, "prompt_logprobs", None) is not None:
+        raise ValueError("prompt_logprobs: not supported for diffusion models served by the dllm adapter (the prompt "
+                         "is not predicted)")
+    k = getattr(sampling_params, "logprobs", None)
+    if k is not None and not 0 <= k <= MAX_LOGPROBS:
+        raise ValueError(f"logprobs: {k} top alternatives asked; allowed: 0 to {MAX_LOGPROBS} for diffusion models "
+                         f"served by the dllm adapter")
 
 
 def _validator_cls():

@@ -10,6 +10,7 @@ import torch
 
 from dllm_core.engine.lifecycle import CanvasLifecycle
 
+from vllm.v1.outputs import LogprobsTensors
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
 
 _NO_PENALTIES = SimpleNamespace(output_bin_counts=None)
@@ -52,14 +53,30 @@ class DllmSampler:
         prefilled = ib.num_computed_prefill_tokens_np[:n] + ib.num_scheduled_tokens[:n] >= ib.prefill_len_np[:n]
         out = st.sample(ib.idx_mapping_np[:n], nlog, ib.cu_num_logits_np[:n], prefilled, logits,
                         self.model.compute_logits)
+        logprobs = None
         if len(out.emit):
             r = torch.as_tensor(out.emit, dtype=torch.long, device=st.device)
             sampled[r] = out.tokens[:, :width].to(sampled.dtype)
             num_sampled[r] = torch.as_tensor(out.n, dtype=num_sampled.dtype, device=st.device)
+            if out.logprobs is not None:
+                logprobs = self._logprobs(out, n)
         if out.rejected.any():
             num_rejected.copy_(torch.as_tensor(out.rejected, dtype=torch.int32))
         if len(out.touched):
             idx = torch.as_tensor(out.touched, dtype=torch.long, device=st.device)
             self.req_states.draft_tokens[idx, :st.canvas_len] = st.scheduled(out.touched)
-        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=None, num_nans=None,
+        return SamplerOutput(sampled_token_ids=sampled, logprobs_tensors=logprobs, num_nans=None,
                              num_sampled=num_sampled, num_rejected=num_rejected)
+
+    @staticmethod
+    def _logprobs(out, n: int) -> LogprobsTensors:
+        """The emitted tokens' log-probabilities in vLLM's layout: one row per emitted token, request by request
+        (``cu_num_generated_tokens``), columns [the token, its step's top k]; requests that emit nothing: no row."""
+        counts = np.zeros(n, dtype=np.int64)
+        counts[out.emit] = out.n
+        lp, dev = out.logprobs, out.tokens.device
+        keep = torch.arange(lp.token.shape[1], device=dev) < torch.as_tensor(out.n, device=dev)[:, None]  # [k, W]
+        ids = torch.cat([out.tokens[:, :, None], lp.top_ids], -1)[keep]  # [sum(n), 1 + k]
+        vals = torch.cat([lp.token[:, :, None], lp.top], -1)[keep]
+        return LogprobsTensors(ids.to(torch.int32), vals, lp.rank[keep].to(torch.int32),
+                               [0, *np.cumsum(counts).tolist()])

@@ -59,7 +59,7 @@ class DllmModelState(ModelState):
         self.states.add(req_index, opts, getattr(sp, "max_tokens", None), len(new_req_data.prompt_token_ids or []),
                         new_req_data.req_id, getattr(sp, "seed", None),
                         top_p if top_p is not None and top_p < 1.0 else None,
-                        top_k if top_k is not None and top_k > 0 else None)
+                        top_k if top_k is not None and top_k > 0 else None, getattr(sp, "logprobs", None))
 
     def remove_request(self, req_id: str) -> None:
         slot = self._req_slot.pop(req_id, None)

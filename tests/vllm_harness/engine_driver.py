@@ -48,6 +48,9 @@ def run(job: dict) -> None:
         res = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in batch],
                            [SamplingParams(**r["params"]) for r in batch], use_tqdm=False)
         out["batches"].append([list(o.outputs[0].token_ids) for o in res])
+        if any(r["params"].get("logprobs") is not None for r in batch):  # per token: [[id, logprob, rank], ...]
+            out.setdefault("logprobs", []).append([None if o.outputs[0].logprobs is None else [
+                [[t, lp.logprob, lp.rank] for t, lp in d.items()] for d in o.outputs[0].logprobs] for o in res])
         if job.get("work"):  # the dllm adapter's per-request work counters, in batch order
             from integrations.vllm.state import work_counters
 
