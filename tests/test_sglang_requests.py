@@ -114,7 +114,7 @@ REFUSED = [
     (WHOLE, request(min_p=0.1), "min_p: not supported by a diffusion decode"),
     (WHOLE, request(frequency_penalty=0.5), "frequency_penalty: not supported by a diffusion decode"),
     (WHOLE, request(json_schema='{"type": "object"}'), "json_schema: not supported by a diffusion decode"),
-    (WHOLE, request(logprobs=True), "return_logprob: logprobs are not supported by a diffusion decode"),
+    (WHOLE, request(logprobs=True), "return_logprob: dllm-serve does not report logprobs through SGLang yet"),
     (WHOLE, request("dual"), "custom_params.dllm must be an object of dllm options, got 'dual'"),
     (f"block_size: {L}\ncache: canvas", request({"cache": "dual"}), "custom_params.dllm.cache 'dual': this server "
                                                                      "decodes its scheduler's block canvas"),

@@ -28,8 +28,6 @@ STEPS_NOTE = ("(steps is the total over the response, as in `dllm generate --ste
 
 NOT_DECODED = {  # what a request may ask of a left-to-right decoder that a diffusion decode does not do, and why
     "samples": "several answers per request (n > 1); send one request per answer",
-    "logprobs": "log-probabilities of the answer (its tokens are committed in parallel and out of order, each "
-                "from a partly masked context: there is no left-to-right likelihood to report)",
     "grammar": "constrained decoding (regex, JSON schema, EBNF, structural tags: a grammar constrains "
                "left-to-right sampling)",
     "min_tokens": "a minimum answer length (the canvas holds max_new_tokens positions; EOS ends the answer)",

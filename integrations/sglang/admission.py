@@ -23,6 +23,10 @@ def validate_request(result, manager, obj, input_ids, *args, **_):
         raise ValueError("prompt: a diffusion decode needs at least one prompt token, got an empty prompt")
     if err := not_decoded_error(asked(obj)):
         raise ValueError(err)
+    if getattr(obj, "return_logprob", False) is True:
+        from .options import LOGPROBS_NOT_YET
+
+        raise ValueError(LOGPROBS_NOT_YET)
     return result
 
 
@@ -31,8 +35,6 @@ def asked(obj) -> dict[str, str]:
     sp, out = obj.sampling_params if isinstance(getattr(obj, "sampling_params", None), dict) else {}, {}
     if (sp.get("n") or 1) > 1:
         out["samples"] = "sampling_params.n"
-    if getattr(obj, "return_logprob", False) is True:
-        out["logprobs"] = "return_logprob"
     if grammar := next((k for k in GRAMMARS if sp.get(k) is not None), None):
         out["grammar"] = f"sampling_params.{grammar}"
     if (sp.get("min_new_tokens") or 0) > 0:
