@@ -161,12 +161,29 @@ def test_a_requests_own_options_over_http(served):
     cfg = GenerationConfig(gen_length=2 * BLOCK, block_length=BLOCK, steps=2 * BLOCK, sampler="threshold:tau=0.7")
     assert_same(body["output_ids"], generate(model, [prompt], cfg).tokens[0].tolist(), 2 * BLOCK)
     hot = {"max_new_tokens": BLOCK, "temperature": 0.8, "sampling_seed": 3}  # its own generator
-    runs = [srv.post("/generate", {"input_ids": prompt, "sampling_params": hot}) for _ in range(2)]
+    runs = [srv.post("/generate", {"input_ids": prompt, "sampling_params": hot, **lp})
+            for lp in ({}, {"return_logprob": True, "top_logprobs_num": 0})]
     cfg = GenerationConfig(gen_length=BLOCK, block_length=BLOCK, steps=BLOCK, sampler=s.sampler, cache=s.cache,
-                           temperature=0.8, seed=3)
+                           temperature=0.8, seed=3, logprobs=0)
     assert [r[0] for r in runs] == [200, 200], runs
     assert runs[0][1]["output_ids"] == runs[1][1]["output_ids"]
-    assert_same(runs[0][1]["output_ids"], generate(model, [prompt], cfg).tokens[0].tolist(), BLOCK)
+    want = generate(model, [prompt], cfg)
+    assert_same(runs[0][1]["output_ids"], want.tokens[0].tolist(), BLOCK)
+    got = runs[1][1]["meta_info"]["output_token_logprobs"]  # a sampled request's: the embedded engine's, to 1e-4
+    assert [v for v, *_ in got] == pytest.approx(want.logprobs.token[0, :len(got)].tolist(), abs=1e-4) and got
+    # logprobs: each output token's and its step's top 2, the embedded engine's (to 1e-4)
+    status, body = srv.post("/generate", {"input_ids": prompt, "sampling_params": {"max_new_tokens": BLOCK,
+                                          "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 2})
+    assert status == 200, body
+    want = generate(model, [prompt], GenerationConfig(gen_length=BLOCK, block_length=BLOCK, steps=BLOCK,
+                                                      sampler=s.sampler, cache=s.cache, logprobs=2))
+    assert_same(body["output_ids"], want.tokens[0].tolist(), BLOCK)
+    got, top = body["meta_info"]["output_token_logprobs"], body["meta_info"]["output_top_logprobs"]
+    assert len(got) == len(top) == len(body["output_ids"]) > 0
+    for j, ((v, t, *_), alts) in enumerate(zip(got, top)):
+        assert t == body["output_ids"][j] and v == pytest.approx(want.logprobs.token[0, j].item(), abs=1e-4)
+        assert [a[1] for a in alts] == want.logprobs.top_ids[0, j].tolist()
+        assert [a[0] for a in alts] == pytest.approx(want.logprobs.top[0, j].tolist(), abs=1e-4)
     for params, named in ((({"custom_params": {"dllm": {"cache": "none"}}}), "custom_params.dllm.cache"),
                           ({"custom_params": {"dllm": {"sampler": "nope"}}}, "custom_params.dllm.sampler"),
                           ({"custom_params": {"dllm": {"seed": 3}}}, "custom_params.dllm.seed"),

@@ -72,7 +72,7 @@ def engines(checkpoints):
     batch = [{"prompt_token_ids": p, "params": {"max_tokens": mt, "ignore_eos": True, "extra_args": xa}}
              for xa, mt, *_ in CASES.values() for p in PROMPTS]
     batch += [{"prompt_token_ids": PROMPTS[i], "params": {"max_tokens": 24, "ignore_eos": True, "temperature": 0.8,
-                                                          "seed": seed, "extra_args": SAMPLED_ARGS}}
+                                                          "seed": seed, "extra_args": SAMPLED_ARGS, "logprobs": 0}}
               for i, seed in SAMPLED]
     xa, mt, *_ = CASES["low_confidence"]
     batch += [{"prompt_token_ids": PROMPTS[i], "params": {"max_tokens": mt, "ignore_eos": True, "extra_args": xa,
@@ -97,6 +97,7 @@ def served(request, engines, checkpoints):
     n = len(PROMPTS)
     per_case = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
     per_case["sampled"] = outs[len(CASES) * n:len(CASES) * n + len(SAMPLED)]
+    per_case["sampled_logprobs"] = res["logprobs"][0][len(CASES) * n:len(CASES) * n + len(SAMPLED)]
     per_case["logprobs"] = list(zip(outs[-len(LOGPROBS):], res["logprobs"][0][-len(LOGPROBS):]))
     return per_case, dict(zip(INVALID, res["invalid"])), load_model(checkpoints[request.param])
 
@@ -150,14 +151,18 @@ def test_max_tokens_inside_a_canvas_cuts_the_canvas(served):
 
 def test_a_sampled_request_with_a_seed_draws_what_the_embedded_engine_draws_with_that_seed(served):
     """A request's ``seed`` is its own generator (``ResponseSlots.admit``): sampled at temperature 0.8 among other
-    requests, it decodes what ``generate`` decodes for its prompt alone with that seed; the same seed twice in one
-    batch gives the same tokens, another seed others."""
+    requests, it decodes what ``generate`` decodes for its prompt alone with that seed, with its logprobs; the same
+    seed twice in one batch gives the same tokens, another seed others."""
     outs, _, model = served
     got = outs["sampled"]
     cfg = GenerationConfig(gen_length=BLOCKS * CANVAS, block_length=CANVAS, steps=12, sampler="low_confidence",
                            cache=CanvasCache(), temperature=0.8)
-    for (i, seed), out in zip(SAMPLED, got):
-        assert out == generate(model, [PROMPTS[i]], replace(cfg, seed=seed)).tokens[0].tolist(), (i, seed)
+    for (i, seed), out, lps in zip(SAMPLED, got, outs["sampled_logprobs"]):
+        want = generate(model, [PROMPTS[i]], replace(cfg, seed=seed, logprobs=0))
+        assert out == want.tokens[0].tolist(), (i, seed)
+        # its logprobs: the embedded engine's for the same tokens (to 1e-4), each under the step that committed it
+        assert [dict((t, v) for t, v, _ in pos)[tok] for tok, pos in zip(out, lps)] == \
+            pytest.approx(want.logprobs.token[0].tolist(), abs=1e-4)
     assert got[0] == got[1] != got[2] and got[3] == got[4] != got[5]
     assert got[0] != reference(model, "low_confidence", "none", 4)[0]  # sampled, not greedy
 

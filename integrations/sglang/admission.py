@@ -23,10 +23,9 @@ def validate_request(result, manager, obj, input_ids, *args, **_):
         raise ValueError("prompt: a diffusion decode needs at least one prompt token, got an empty prompt")
     if err := not_decoded_error(asked(obj)):
         raise ValueError(err)
-    if getattr(obj, "return_logprob", False) is True:
-        from .options import LOGPROBS_NOT_YET
-
-        raise ValueError(LOGPROBS_NOT_YET)
+    if getattr(obj, "return_logprob", False) is True and getattr(obj, "logprob_start_len", -1) not in (None, -1):
+        raise ValueError("logprob_start_len: prompt logprobs are not reported by a diffusion decode (dllm-serve); "
+                         "allowed: -1")
     return result
 
 

@@ -2,6 +2,7 @@
 value validated by the core's builders: a bad option fails at launch with its name and allowed values."""
 from __future__ import annotations
 
+from dllm_core.engine.config import MAX_LOGPROBS
 from dllm_core.engine.host_options import POLICY_KEY, FlatOptions, read_mapping, with_default_policy
 
 from sglang.srt.sampling.sampling_params import TOP_K_ALL
@@ -35,8 +36,8 @@ def parse(algo: str, sampler_name: str | None, cfg: dict) -> FlatOptions:
 CUSTOM = "dllm"  # the request's own options: custom_params.dllm.<key> (the core's FLAT_REQUEST_KEYS and cache)
 WHERE = f"custom_params.{CUSTOM}."
 SEED_FIELD = "sampling_params.sampling_seed"
-LOGPROBS_NOT_YET = ("return_logprob: dllm-serve does not report logprobs through SGLang yet (the embedded engine and "
-                    "vLLM report them)")
+BLOCK_LOGPROBS = ("return_logprob: this server decodes its scheduler's block canvas, which does not report logprobs; "
+                  "a server launched with a policy over the whole response (the default) does")
 NOT_DECODED = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
                "min_new_tokens": 0, "logit_bias": None, "json_schema": None, "regex": None, "ebnf": None,
                "structural_tag": None}  # SGLang's sampler options a diffusion decode does not run (their defaults)
@@ -61,8 +62,8 @@ def request(flat: FlatOptions, req, block: int) -> FlatOptions:
         value = getattr(sp, name, default)
         if value is not None and value != default and value != {}:
             raise ValueError(f"{name}: not supported by a diffusion decode (dllm-serve)")
-    if getattr(req, "return_logprob", False):
-        raise ValueError(LOGPROBS_NOT_YET)
+    if logprobs(req) is not None and flat.policy is None:
+        raise ValueError(BLOCK_LOGPROBS)
     own = (getattr(sp, "custom_params", None) or {}).get(CUSTOM)
     if own is not None and not isinstance(own, dict):
         raise ValueError(f"custom_params.{CUSTOM} must be an object of dllm options, got {own!r}")
@@ -71,3 +72,18 @@ def request(flat: FlatOptions, req, block: int) -> FlatOptions:
         raise ValueError(f"{WHERE}block_length {opts.decode.block_length}: this server's block is SGLang's "
                          f"(--dllm-algorithm-config block_size {block}); allowed: {block}")
     return opts
+
+
+def logprobs(req) -> int | None:
+    """A request's logprobs: None, or the top alternatives it asks with ``return_logprob`` (``top_logprobs_num``,
+    0-20); chosen token ids are refused (ValueError naming the field: the scheduler's 400; prompt logprobs: the
+    admission hook)."""
+    if not getattr(req, "return_logprob", False):
+        return None
+    lp = getattr(req, "logprob", None)
+    if getattr(lp, "token_ids_logprob", None) is not None:
+        raise ValueError("token_ids_logprob: not reported by a diffusion decode (dllm-serve); top_logprobs_num is")
+    k = int(getattr(lp, "top_logprobs_num", 0) or 0)
+    if not 0 <= k <= MAX_LOGPROBS:
+        raise ValueError(f"top_logprobs_num: {k}; allowed: 0 to {MAX_LOGPROBS} (dllm-serve)")
+    return k

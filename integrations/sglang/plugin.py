@@ -10,6 +10,7 @@ DEFAULT_BLOCK = 32
 ARCHS = ("LLaDAModelLM", "DreamModel")
 BLOCK_CAUSAL = "LLaDA2MoeModelLM"  # SGLang's own model class; its block size is the checkpoint's
 GRAPHS_HOOK = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
+STREAM_HOOK = "sglang.srt.managers.scheduler_components.output_streamer.SchedulerOutputStreamer.stream_output"
 
 
 def register() -> None:
@@ -19,6 +20,7 @@ def register() -> None:
 
     from .admission import HOOK as ADMISSION_HOOK, validate_request
     from .algorithm import ALGORITHMS, plain_forwards_only
+    from .response import report_logprobs
     from .configs import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
     from .spec import adaptive_worker
@@ -35,7 +37,7 @@ def register() -> None:
               HookType.AFTER),
              (ADMISSION_HOOK, validate_request, HookType.AFTER),
              ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER),
-             (GRAPHS_HOOK, plain_forwards_only, HookType.AROUND)]
+             (GRAPHS_HOOK, plain_forwards_only, HookType.AROUND), (STREAM_HOOK, report_logprobs, HookType.BEFORE)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):
             HookRegistry.register(target, fn, kind)

@@ -19,7 +19,7 @@ from dllm_core.cache.executor import PartStores
 from dllm_core.engine.context import StepContext
 from dllm_core.engine.slots import ResponseSlots, SlotConfig
 
-from .options import request
+from .options import logprobs, request
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
@@ -128,8 +128,11 @@ class ResponseHost(SlotsHost):
     """A policy over the whole response: each request's canvas on the core's slots, planned for the model's
     ``ResponseForward`` (``begin`` / ``plan``), taken (``take``) and mirrored into SGLang's block ids."""
 
+    active: "ResponseHost | None" = None  # this process's (one algorithm per scheduler): its logprobs are reported
+
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
         super().__init__(policy, opts, L, mask_id)
+        ResponseHost.active = self
         self.responses: dict[int, Response] = {}  # by request slot (replaced when the slot's generation moves)
         self.fwd: ResponseForward | None = None
         self.batch: tuple[list[Response], list[int], np.ndarray] | None = None  # (responses, offsets, live rows)
@@ -176,6 +179,25 @@ class ResponseHost(SlotsHost):
         model.context = StepContext(packed=ForwardPlan(slots, rows, shift), work=core.token_layers)
         self.batch = (resps, offsets, live)
 
+    def report_logprobs(self, req) -> None:
+        """The logprobs of the output ids ``req`` holds that it has none for yet (SGLang's ``ReqLogprob`` lists): the
+        core's, of the response positions those ids are (before SGLang streams them)."""
+        r, lp = self.responses.get(getattr(req, "req_pool_idx", -1)), req.logprob
+        if r is None or r.rid != req.rid:
+            r = next((x for x in self.responses.values() if x.rid == req.rid), None)
+        have, n = len(lp.output_token_logprobs_val), min(len(req.output_ids), 0 if r is None else r.G)
+        # SGLang's streamer moves its logprob offset to 1 at a request's first stream (its prefill samples the first
+        # token); a diffusion request had no output then: the offset goes back to what was sent
+        req.send_output_token_logprobs_offset = min(req.send_output_token_logprobs_offset, have)
+        if n <= have:
+            return
+        got = self.core.logprobs_of(r.slot, slice(have, n))
+        lp.output_token_logprobs_val += got.token.tolist()
+        lp.output_token_logprobs_idx += list(req.output_ids[have:n])
+        if lp.top_logprobs_num > 0:
+            lp.output_top_logprobs_val += got.top.tolist()
+            lp.output_top_logprobs_idx += got.top_ids.tolist()
+
     def ids(self, r: Response) -> torch.Tensor:
         """The request's sequence [P + G]: prompt and canvas."""
         return torch.cat([r.prompt, self.core.canvas[r.slot, :r.G]])
@@ -215,7 +237,7 @@ class ResponseHost(SlotsHost):
                                             torch.tensor(req.origin_input_ids, dtype=torch.long, device=device), G)
         core.fit(slot + 1, G)
         core.admit(slot, SlotConfig.of(opts.decode, plan), HostRequest(opts.policy, 0), r.rid,
-                   seed=req.sampling_params.sampling_seed)
+                   seed=req.sampling_params.sampling_seed, logprobs=logprobs(req))
         out = list(req.output_ids)[:G]
         core.start(np.array([slot]), r.P, G, torch.tensor([out], dtype=torch.long, device=device) if out else None,
                    len(out) // self.L)
@@ -280,3 +302,13 @@ class ResponseForward:
                 pool.set_kv_buffer(att.attn, ploc, k.view(-1, att.n_kv, att.head_dim), v.view(-1, att.n_kv, att.head_dim))
         work[torch.tensor([r.resp.slot for r in rows], device=x.device)] += step.work()  # no sync
         return x
+
+
+def report_logprobs(streamer, reqs, return_logprob: bool, *args, **kwargs) -> None:
+    """BEFORE SGLang's ``OutputStreamer.stream_output``: the logprobs of a batch's new output ids, for the requests
+    that ask, from the whole-response host of this process (SGLang computes none for a dLLM batch)."""
+    host = ResponseHost.active
+    if return_logprob and host is not None and host.core is not None:
+        for req in reqs:
+            if req.return_logprob:
+                host.report_logprobs(req)

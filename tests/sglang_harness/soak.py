@@ -113,7 +113,7 @@ def bad_requests(good_ids: list[int], vocab: int, context: int, mask_id: int | N
             "empty text prompt": (json.dumps({"text": "", "sampling_params": {"max_new_tokens": 8}}).encode(),
                                   "empty prompt"),
             "n > 1": (body(n=2), "sampling_params.n"),
-            "logprobs": (body(extra={"return_logprob": True}), "return_logprob"),
+            "prompt logprobs": (body(extra={"return_logprob": True, "logprob_start_len": 0}), "logprob_start_len"),
             "regex": (body(regex="[0-9]+"), "sampling_params.regex"),
             "json schema": (body(json_schema='{"type": "string"}'), "sampling_params.json_schema"),
             "min_new_tokens": (body(min_new_tokens=4), "sampling_params.min_new_tokens"),
