@@ -182,9 +182,8 @@ class ResponseHost(SlotsHost):
     def report_logprobs(self, req) -> None:
         """The logprobs of the output ids ``req`` holds that it has none for yet (SGLang's ``ReqLogprob`` lists): the
         core's, of the response positions those ids are (before SGLang streams them)."""
-        r, lp = self.responses.get(getattr(req, "req_pool_idx", -1)), req.logprob
-        if r is None or r.rid != req.rid:
-            r = next((x for x in self.responses.values() if x.rid == req.rid), None)
+        # by request id: a finished request may have given its pool slot back
+        r, lp = next((x for x in self.responses.values() if x.rid == req.rid), None), req.logprob
         have, n = len(lp.output_token_logprobs_val), min(len(req.output_ids), 0 if r is None else r.G)
         # SGLang's streamer moves its logprob offset to 1 at a request's first stream (its prefill samples the first
         # token); a diffusion request had no output then: the offset goes back to what was sent
@@ -305,7 +304,7 @@ class ResponseForward:
 
 
 def report_logprobs(streamer, reqs, return_logprob: bool, *args, **kwargs) -> None:
-    """BEFORE SGLang's ``OutputStreamer.stream_output``: the logprobs of a batch's new output ids, for the requests
+    """BEFORE SGLang's ``SchedulerOutputStreamer.stream_output``: the logprobs of a batch's new output ids, for the requests
     that ask, from the whole-response host of this process (SGLang computes none for a dLLM batch)."""
     host = ResponseHost.active
     if return_logprob and host is not None and host.core is not None:
