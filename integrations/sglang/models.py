@@ -123,6 +123,8 @@ class DiffusionLayer(nn.Module):
 _FUSED = {"q_proj": ("self_attn.qkv_proj", "q"), "k_proj": ("self_attn.qkv_proj", "k"),
           "v_proj": ("self_attn.qkv_proj", "v"), "gate_proj": ("mlp.gate_up_proj", 0),
           "up_proj": ("mlp.gate_up_proj", 1)}
+LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+SHARDS = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> BitsAndBytes' shard index
 _PLAIN = {"o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj", "attn_norm": "attn_norm",
           "ffn_norm": "ffn_norm"}
 
@@ -177,6 +179,22 @@ class DiffusionLMForSGLang(nn.Module):
             out.full_logits = PrefixRows.shift(out.full_logits[:n], out.full_logits[n:])
         return out
 
+    @property
+    def bitsandbytes_stacked_params_mapping(self) -> dict[str, tuple[str, int]]:
+        """SGLang's BitsAndBytes loader (``--load-format bitsandbytes``) files each projection's quant state under
+        ``key.replace(name, (parameter, shard index))``; its in-flight quantization renames a checkpoint key
+        ``X.weight`` to ``X.qweight``, so the name ``X.q`` maps to this model's ``parameter.`` (+ ``weight``)."""
+        out = {}
+        for hf, native in self.core_cls.from_hf_map(self.args).items():
+            target, shard = self.sglang_name(native)
+            if target.split(".")[-2] in LINEARS:
+                out[hf.removesuffix("weight") + "q"] = (target.removesuffix("weight"), SHARDS.get(shard, shard or 0))
+        return out
+
+    @property
+    def default_bitsandbytes_target_modules(self) -> list[str]:
+        return [name[:-1] for name in self.bitsandbytes_stacked_params_mapping]  # "X." of each "X.weight"
+
     @staticmethod
     def sglang_name(name: str) -> tuple[str, object]:
         """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
@@ -190,6 +208,7 @@ class DiffusionLMForSGLang(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """HF checkpoint tensors (LLaDA / Dream key names) through each parameter's ``weight_loader`` (TP sharding)."""
         params, loaded = dict(self.named_parameters()), set()
+        weights = ((n[:-8] + ".weight" if n.endswith(".qweight") else n, w) for n, w in weights)  # BitsAndBytes
         for name, w in self.core_cls.native_weights(self.args, weights, type(self).__name__):
             if name == "embed.weight" and self.args.tied_embeddings:
                 self._load(params["lm_head.weight"], w, None)

@@ -78,6 +78,18 @@ CHANGES: dict[str, list[tuple[str, str, str]]] = {
         "            return o\n"
         "        self._run_sdpa_forward_extend(\n            q_,\n            o_,\n",
     )],
+    "sglang.srt.utils.common": [(
+        "SGLang registers its Python custom ops (BitsAndBytes' apply_bnb_4bit, ...) for the CUDA key only; the CPU "
+        "engine calls them with CPU tensors",
+        '            my_lib.impl(op_name, op_func, "CUDA")',
+        '            my_lib.impl(op_name, op_func, "CUDA")\n            my_lib.impl(op_name, op_func, "CPU")',
+    )],
+    "sglang.srt.model_loader.loader": [(
+        "BitsAndBytes' in-flight quantization moves each weight to CUDA first; bitsandbytes (>= 0.46) quantizes on "
+        "the CPU",
+        "                    loaded_weight = weight_sub_tensor.cuda()",
+        "                    loaded_weight = weight_sub_tensor",
+    )],
 }
 
 

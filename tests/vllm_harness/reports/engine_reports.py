@@ -60,3 +60,14 @@ def regenerate(llm, target: str, prompts: list[list[int]], max_new_tokens: int, 
 
     return {name: regenerate_vllm(target, prompts, max_new_tokens, stop_ids, free, llm)
             for name, free in (("stop", False), ("free_run", True))}
+
+
+def weight_dtypes(llm) -> dict:
+    """Each distinct parameter dtype of the served model -> how many parameters hold it (what a ``quantization``
+    turned the weights into)."""
+    core = llm.llm_engine.engine_core.engine_core
+    model = core.model_executor.driver_worker.worker.model_runner.model
+    out: dict = {}
+    for p in model.parameters():
+        out[str(p.dtype)] = out.get(str(p.dtype), 0) + p.numel()
+    return out
