@@ -92,15 +92,17 @@ def sglang_flags(tmp: Path, quantized: bool) -> list[str]:
             *(SGLANG_NF4 if quantized else ())]
 
 
-def sglang_answers(model: str, work: list[tuple], quantized: bool, tmp: Path) -> dict:
-    """{answers, seconds, log} of one SGLang server over the workload, 16 requests in flight."""
+def sglang_answers(model: str, work: list[tuple], quantized: bool, tmp: Path, also=None) -> dict:
+    """{answers, seconds, log} of one SGLang server over the workload, 16 requests in flight; ``also(server)``
+    runs after them, its result under "also"."""
     from server import SGLangServer
 
     with SGLangServer(MODELS / model, *sglang_flags(tmp, quantized), log=tmp / f"{model}-{quantized}.log") as srv:
         t0 = time.perf_counter()
         with cf.ThreadPoolExecutor(16) as pool:
             answers = list(pool.map(lambda w: srv.generate(w[0], w[1].gen_length)["output_ids"], work))
-        return {"answers": answers, "seconds": time.perf_counter() - t0, "log": srv.log()}
+        seconds = time.perf_counter() - t0
+        return {"answers": answers, "seconds": seconds, "also": also and also(srv), "log": srv.log()}
 
 
 def row(host: str, model: str, method: str, work: list[tuple], plain: dict, quant: dict) -> dict:

@@ -192,9 +192,6 @@ class BlockHost(SlotsHost):
         core.count(ls, np.array([self.lengths[s] for s in ls.tolist()], dtype=np.int64) * core.layers)  # uncached
         rows, cached = self.row_slots(live, dev), None
         if self.opts.caching:
-            if model.quant_config is not None:
-                raise ValueError(f"cache: {self.policy.name}: its feature cache needs unquantized weights (drop "
-                                 f"--quantization)")
             regions = [r for i, hp in zip(live, core.plan(ls, 0, L, 0))
                        for r in hp.regions(i * L, core.stores[slots[i]], dev)]
             cached = CachedStep(regions) if regions else None

