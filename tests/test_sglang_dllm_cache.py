@@ -16,6 +16,7 @@ pytest.importorskip("sglang.srt.dllm.algorithm")
 
 from dllm_core import load_model  # noqa: E402
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
+from dllm_core.engine.responses import ResponseLifecycle  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmThreshold, SlowFast  # noqa: E402
 from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
@@ -116,13 +117,14 @@ def test_random_select_and_prompt_kv_in_pool(models):
     mask, cache = ref.args.mask_token_id, "dllm:kp=3,kr=2,rho=0.5,select=random,seed=7"
     runner = CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS))
     algo = FastDllmThreshold(DllmConfig("FastDllmThreshold", {"tau": 0.7, "cache": cache}, L, mask, 8))
-    seen, release = [], sg.response_forward.release
-    sg.response_forward.release = lambda r: (r.feats is not None and seen.append(
-        (r.slot, r.P, *(r.feats.stores["prompt"].bufs[j][:, 0].clone() for j in (0, 1)))), release(r))[1]
+    seen, release = [], ResponseLifecycle.release
+    ResponseLifecycle.release = lambda lc, slot: (
+        (r := lc.responses.get(slot)) is not None and r.feats is not None and seen.append(
+            (r.slot, r.P, *(r.feats.stores["prompt"].bufs[j][:, 0].clone() for j in (0, 1)))), release(lc, slot))[1]
     try:
         out = BlockDriver(algo, runner).generate(PROMPTS, GEN, mask)
     finally:
-        sg.response_forward.release = release
+        ResponseLifecycle.release = release
     assert out == reference(ref, "threshold:tau=0.7", GEN, cache)
     assert sorted(P for _, P, _, _ in seen) == sorted(map(len, PROMPTS))
     assert all(r.feats is None for r in algo.whole.responses.values())

@@ -21,6 +21,7 @@ from dllm_core import load_model  # noqa: E402
 from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
+from dllm_core.engine.responses import ForwardPlan  # noqa: E402
 from integrations.sglang.response import ResponseForward  # noqa: E402
 from integrations.sglang.plugin import add_request_info  # noqa: E402
 from sglang_cpu import BlockDriver, CpuModelRunner, load_sglang_model  # noqa: E402
@@ -96,13 +97,13 @@ def test_rows_each_step_recomputes(models, arch, cache):
     not the uncached one."""
     sg, ref = models[arch]
     mask, shift = ref.args.mask_token_id, int(ref.shift_logits)
-    seen, orig = [], sg.response_forward.hidden
-    sg.response_forward.hidden = lambda rows, *a: (seen.extend((r.resp.P, r.start, *recomputed(r)) for r in rows),
-                                                   orig(rows, *a))[1]
+    seen, orig = [], ForwardPlan.hidden
+    ForwardPlan.hidden = lambda plan, *a: (seen.extend((r.resp.P, r.start, *recomputed(r)) for r in plan.rows
+                                                       if r is not None), orig(plan, *a))[1]
     try:
         out = serve(sg, mask, FastDllmThreshold, {"tau": 0.7}, cache, False)
     finally:
-        sg.response_forward.hidden = orig
+        ForwardPlan.hidden = orig
     starts = set()
     for P, s, lo, hi in seen:
         if (s, P) not in starts:  # a block's first step: a refresh
@@ -131,7 +132,7 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
     mask = ref.args.mask_token_id
     algo = cls(DllmConfig(cls.__name__, {**cfg, "cache": cache}, L, mask, 8, first_done_first_out_mode=fdfo))
     driver = BlockDriver(algo, CpuModelRunner(sg, max_len=64, max_reqs=len(PROMPTS)))
-    with caplog.at_level(logging.DEBUG, logger="integrations.sglang.response"):
+    with caplog.at_level(logging.DEBUG, logger="dllm_core.engine.responses"):
         driver.generate(PROMPTS, GEN, mask)
     host = algo.whole
     rids = [host.responses[row.slot].rid for row in driver.rows]

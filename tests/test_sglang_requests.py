@@ -114,8 +114,6 @@ REFUSED = [
     (WHOLE, request(min_p=0.1), "min_p: not supported by a diffusion decode"),
     (WHOLE, request(frequency_penalty=0.5), "frequency_penalty: not supported by a diffusion decode"),
     (WHOLE, request(json_schema='{"type": "object"}'), "json_schema: not supported by a diffusion decode"),
-    (f"block_size: {L}\ncache: canvas", request(logprobs=True), "return_logprob: this server decodes its "
-                                                                 "scheduler's block canvas"),
     (WHOLE, request("dual"), "custom_params.dllm must be an object of dllm options, got 'dual'"),
     (f"block_size: {L}\ncache: canvas", request({"cache": "dual"}), "custom_params.dllm.cache 'dual': this server "
                                                                      "decodes its scheduler's block canvas"),
@@ -138,6 +136,7 @@ def test_what_a_launch_serves_is_admitted(models, tmp_path):
         assert whole.validate_request(request(own, temperature=0.7)) is None, own
     for own in ({"cache": "none"}, {"cache": "canvas:kr=3,rho=0.5"}, {"sampler": "slowfast"}):
         assert block.validate_request(request(own)) is None, own
+    assert block.validate_request(request(logprobs=True)) is None  # logprobs on the block canvas too
     assert whole.validate_request(request(temperature=0.7, sampling_seed=5)) is None  # its own generator
     assert whole.validate_request(request(logprobs=True)) is None  # reported by the whole-response host
 

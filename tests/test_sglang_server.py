@@ -184,6 +184,15 @@ def test_a_requests_own_options_over_http(served):
         assert t == body["output_ids"][j] and v == pytest.approx(want.logprobs.token[0, j].item(), abs=1e-4)
         assert [a[1] for a in alts] == want.logprobs.top_ids[0, j].tolist()
         assert [a[0] for a in alts] == pytest.approx(want.logprobs.top[0, j].tolist(), abs=1e-4)
+    # the same through SGLang's OpenAI route (/v1/completions: logprobs 2)
+    model_id = srv.get("/v1/models")[1]["data"][0]["id"]
+    status, oai = srv.post("/v1/completions", {"model": model_id, "prompt": prompt, "max_tokens": BLOCK,
+                                               "temperature": 0.0, "logprobs": 2})
+    assert status == 200, oai
+    lp = oai["choices"][0]["logprobs"]
+    assert lp["token_logprobs"] == pytest.approx([v for v, *_ in got], abs=1e-4)
+    assert [v for d in lp["top_logprobs"] for v in sorted(d.values(), reverse=True)] == pytest.approx(
+        [a[0] for alts in top for a in alts], abs=1e-4)
     for params, named in ((({"custom_params": {"dllm": {"cache": "none"}}}), "custom_params.dllm.cache"),
                           ({"custom_params": {"dllm": {"sampler": "nope"}}}, "custom_params.dllm.sampler"),
                           ({"custom_params": {"dllm": {"seed": 3}}}, "custom_params.dllm.seed"),

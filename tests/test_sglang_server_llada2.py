@@ -1,7 +1,7 @@
 """SGLang's real server runtime serving LLaDA2 (SGLang's own ``LLaDA2MoeModelLM``, its config read through
 our plugin, no remote code) on this CPU through ``tests/sglang_harness``: our ``DllmCore`` with LLaDA2.1
 token editing and SGLang's own ``JointThreshold`` answer concurrent requests of different prompt lengths
-with the embedded engine's tokens."""
+with the embedded engine's tokens; ours reports the embedded engine's logprobs."""
 import concurrent.futures as cf
 
 import pytest
@@ -40,6 +40,20 @@ def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, name):
                       str(tmp_path / "algo.yaml"), log=tmp_path / "server.log") as srv:
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             got = [o["output_ids"] for o in pool.map(lambda p: srv.generate(p, GEN), PROMPTS)]
+        if algo == "DllmCore":  # logprobs on the block canvas: each output token's and its step's top 2
+            lp = srv.post("/generate", {"input_ids": PROMPTS[1], "sampling_params": {
+                "max_new_tokens": GEN, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 2})
+    if algo == "DllmCore":
+        status, body = lp
+        assert status == 200, body
+        one = generate(model, PROMPTS[1:2], GenerationConfig(gen_length=GEN, block_length=8, steps=GEN,
+                                                             sampler=sampler, logprobs=2)).logprobs
+        toks, top = body["meta_info"]["output_token_logprobs"], body["meta_info"]["output_top_logprobs"]
+        assert body["output_ids"] == got[1] and len(toks) == len(top) == len(got[1]) > 8  # two blocks or more
+        for j, ((v, t, *_), alts) in enumerate(zip(toks, top)):
+            assert t == got[1][j] and v == pytest.approx(one.token[0, j].item(), abs=1e-4), j
+            assert [a[1] for a in alts] == one.top_ids[0, j].tolist(), j
+            assert [a[0] for a in alts] == pytest.approx(one.top[0, j].tolist(), abs=1e-4), j
     for g, ref in zip(got, want.tokens.tolist()):
         stop = ref.index(EOS) + 1 if EOS in ref else GEN  # SGLang stops at EOS
         assert g == ref[:stop], (name, g, ref)

@@ -10,11 +10,8 @@ from typing import Any, ClassVar, List
 import numpy as np
 import torch
 
-from dllm_core.cache import HostRequest
-from dllm_core.cache.executor import CachedStep, PartStores
-from dllm_core.engine.context import StepContext
+from dllm_core.engine.block_canvas import BlockLifecycle
 from dllm_core.engine.host_options import FlatOptions
-from dllm_core.engine.slots import SlotConfig
 from dllm_core.engine.step import mask_in_prompt
 from dllm_core.options import OptionError
 
@@ -22,7 +19,7 @@ from sglang.srt.dllm.algorithm.base import DllmAlgorithm
 from sglang.srt.dllm.config import DllmConfig
 
 from .response import ResponseHost, SlotsHost
-from .options import parse, read_yaml, request, with_default_cache
+from .options import logprobs, parse, read_yaml, request, with_default_cache
 
 logger = logging.getLogger(__name__)
 
@@ -130,37 +127,30 @@ class DllmCoreAlgorithm(DllmAlgorithm):
 
 
 class BlockHost(SlotsHost):
-    """SGLang's block canvas on the core's slots: each SGLang block is a canvas of one block of the request's slot
-    (its sampler rows and policy state kept across blocks and rounds; dLLM-Cache over the block: its features)."""
+    """SGLang's block canvas on the core's ``BlockLifecycle`` (``lc``): each SGLang block is a canvas of one block of
+    the request's slot (its sampler rows and policy state kept across blocks and rounds; dLLM-Cache over the block:
+    its features)."""
 
     prompt_only = False  # the batch's blocks hold no mask: nothing to decode
     fb: tuple | None = None  # the batch in flight and its pool indices (its slots: ``slots``)
 
-    def __init__(self, *args):
-        super().__init__(*args)
-        self.configs: dict = {}  # (ResponsePlan, DecodeOptions) -> SlotConfig (built once)
-        self.lengths: dict[int, int] = {}  # per slot: prompt + response in whole blocks (the uncached loop's rows)
-    literal: frozenset = frozenset()  # slots whose block holds literal prompt [MASK] ids (as -1)
+    def new_core(self, model, device):
+        ours = hasattr(model, "context")  # a dllm-serve model (SGLang's own LLaDA2 class: exact, no features)
+        att = model.layers[0].self_attn if ours else None
+        self.lc = BlockLifecycle(self.L, self.mask_id, device, self.opts.decode.seed, (
+            len(model.layers), att.kv_size, model.args.dim, model.embed.weight) if ours else (0, 0, 0, None))
+        return self.lc.slots
 
     def admit(self, slot: int, gen: int, req, model, device) -> None:
-        """A new request: its own options; a fixed schedule's steps per block follow from its max_new_tokens."""
-        opts = request(self.opts, req, self.L)
-        fixed = opts.decode.steps is not None and opts.sampler.fixed_steps
-        plan = opts.response(req.sampling_params.max_new_tokens if fixed else self.L, self.L)
-        stores = None if opts.cache.exact else PartStores(
-            len(model.layers), model.layers[0].self_attn.kv_size, model.args.dim, model.embed.weight)
-        config = self.configs.get((plan, opts.decode))
-        if config is None:
-            config = self.configs[plan, opts.decode] = SlotConfig.of(opts.decode, plan)
-        self.core.admit(slot, config, HostRequest(opts.cache, 0), getattr(req, "rid", None) or f"slot{slot}.gen{gen}",
-                        stores, req.sampling_params.sampling_seed)
-        self.lengths[slot] = len(req.origin_input_ids) + opts.response(max(req.sampling_params.max_new_tokens or 0, 1),
-                                                                       self.L).decoded
+        """A new request with its own options."""
+        self.lc.admit(slot, getattr(req, "rid", None) or f"slot{slot}.gen{gen}", request(self.opts, req, self.L),
+                      req.sampling_params.max_new_tokens, len(req.origin_input_ids), req.sampling_params.sampling_seed,
+                      logprobs(req))
 
     def prepare(self, model_runner, fb, states: List[RowState]) -> None:
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
-        [MASK] ids excluded), their blocks begun and the core's ``StepContext`` handed to the model (dLLM-Cache over
-        the block: its cached layers; a persisting forward: exact); the live rows' work counted."""
+        [MASK] ids excluded); the core's plan of the live rows handed to the model (``StepContext``: dLLM-Cache over
+        the block's cached layers; None: its plain forward, SGLang's graph)."""
         L, dev = self.L, fb.input_ids.device
         held = self.fb  # the same batch steps until its blocks are done
         if held is None or held[0] is not fb or held[1] is not fb.req_pool_indices:
@@ -178,57 +168,25 @@ class BlockHost(SlotsHost):
                 return
             self.bind(model_runner, fb)
             pm = fb.dllm_prompt_mask  # literal [MASK] ids inside the prompt: not to decode (-1)
-            self.core.start(slots[fresh], 0, L, ids if pm is None else torch.where(
-                (pm if whole else pm[f]) & (ids == self.mask_id), -1, ids))
-            fs = frozenset(slots[fresh].tolist())
-            self.literal = (self.literal - fs) | (fs if pm is not None else frozenset())
-        core = self.core
+            self.lc.start(slots[fresh], ids if pm is None else torch.where(
+                (pm if whole else pm[f]) & (ids == self.mask_id), -1, ids), pm is not None)
         live = [i for i, s in enumerate(states) if not s.final]  # (lists: numpy is slower on a batch this small)
-        ls = slots if len(live) == len(states) else slots[live]
-        core.begin(ls)
         model = model_runner.model
-        if not hasattr(model, "context"):  # not a dllm-serve model: it runs the block whole, its work not counted
-            return
-        core.count(ls, np.array([self.lengths[s] for s in ls.tolist()], dtype=np.int64) * core.layers)  # uncached
-        rows, cached = self.row_slots(live, dev), None
-        if self.opts.caching:
-            regions = [r for i, hp in zip(live, core.plan(ls, 0, L, 0))
-                       for r in hp.regions(i * L, core.stores[slots[i]], dev)]
-            cached = CachedStep(regions) if regions else None
-        if cached is None:  # every row through every layer: the model's plain forward (SGLang's graph replays it)
-            core.ran_whole(rows)
-        model.context = None if cached is None else StepContext(cached, work=core.token_layers, row_slots=rows)
-
-    def row_slots(self, live: list[int], device) -> torch.Tensor:
-        """[B * L] each row's request slot, the spare one for a block that is not stepped (its work: not counted)."""
-        at = np.full(len(self.slots), self.core.n_slots)
-        at[live] = self.slots[live]
-        return torch.as_tensor(np.repeat(at, self.L), device=device)
+        ctx = self.lc.plan(slots, live, self.opts.caching, hasattr(model, "context"))
+        if hasattr(model, "context"):
+            model.context = ctx
 
     def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:
         """One step of each request's block (full_logits [B * L, V]): commits written into input_ids in place;
-        per row whether the block is finished with this forward having seen it final (decoded before the step,
-        or finished by a step that changed nothing)."""
-        B, L, core = fb.batch_size, self.L, self.core
+        per row whether the block is finished with this forward having seen it final."""
         if self.prompt_only:  # prompt blocks: nothing to decode
-            return [True] * B
+            return [True] * fb.batch_size
         final = [s.final for s in states]
-        live = [i for i, f in enumerate(final) if not f]  # (lists: numpy is slower on a batch this small)
+        live = [i for i, f in enumerate(final) if not f]
         if live:
-            whole, logits = len(live) == B, full_logits.view(B, L, -1)
-            slots = self.slots if whole else self.slots[live]
-            done = core.take(slots, logits if whole else logits[torch.as_tensor(live, device=logits.device)])
-            for i, s, d, c in zip(live, slots.tolist(), done.tolist(), core.changed[slots].tolist()):
-                states[i].final, final[i] = d, d and not c  # changed: its next forward persists it
-                if d and core.stores[s] is not None:  # its next forward persists the block (exact)
-                    core.stores[s].clear()
-            ids = fb.input_ids.view(B, L)  # commits written in place
-            x = core.canvas[core.rows(slots), :L]
-            if whole and self.literal.isdisjoint(slots.tolist()):
-                ids.copy_(x)
-            else:
-                r = torch.as_tensor(live, device=ids.device)
-                ids[r] = torch.where(x == -1, ids[r], x)
+            done, now = self.lc.take(self.slots, live, full_logits, fb.input_ids.view(fb.batch_size, self.L))
+            for i, d, f in zip(live, done, now):
+                states[i].final, final[i] = d, f
         return final
 
 

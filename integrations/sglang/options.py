@@ -36,8 +36,6 @@ def parse(algo: str, sampler_name: str | None, cfg: dict) -> FlatOptions:
 CUSTOM = "dllm"  # the request's own options: custom_params.dllm.<key> (the core's FLAT_REQUEST_KEYS and cache)
 WHERE = f"custom_params.{CUSTOM}."
 SEED_FIELD = "sampling_params.sampling_seed"
-BLOCK_LOGPROBS = ("return_logprob: this server decodes its scheduler's block canvas, which does not report logprobs; "
-                  "a server launched with a policy over the whole response (the default) does")
 NOT_DECODED = {"min_p": 0.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "repetition_penalty": 1.0,
                "min_new_tokens": 0, "logit_bias": None, "json_schema": None, "regex": None, "ebnf": None,
                "structural_tag": None}  # SGLang's sampler options a diffusion decode does not run (their defaults)
@@ -62,8 +60,6 @@ def request(flat: FlatOptions, req, block: int) -> FlatOptions:
         value = getattr(sp, name, default)
         if value is not None and value != default and value != {}:
             raise ValueError(f"{name}: not supported by a diffusion decode (dllm-serve)")
-    if logprobs(req) is not None and flat.policy is None:
-        raise ValueError(BLOCK_LOGPROBS)
     own = (getattr(sp, "custom_params", None) or {}).get(CUSTOM)
     if own is not None and not isinstance(own, dict):
         raise ValueError(f"custom_params.{CUSTOM} must be an object of dllm options, got {own!r}")
