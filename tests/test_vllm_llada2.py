@@ -169,3 +169,13 @@ def test_shipped_model_over_http_keeps_its_accuracy_and_refuses_bad_options():
             assert code == 400 and text in body["error"]["message"], body
         code, body = post(url, {**bad, "return_token_ids": True, "ignore_eos": True})
         assert code == 200 and len(body["choices"][0]["token_ids"]) == 8
+        # logprobs through the OpenAI route: each token's and its step's top 2, the embedded engine's (to 1e-4)
+        code, body = post(url, {**bad, "max_tokens": 16, "return_token_ids": True, "ignore_eos": True, "logprobs": 2})
+        assert code == 200, body
+        one = generate(ref, [prompts[0]], GenerationConfig(gen_length=16, block_length=8, steps=16,
+                                                           sampler="threshold:tau=0.9", logprobs=2))
+        lp, ids = body["choices"][0]["logprobs"], body["choices"][0]["token_ids"]
+        assert ids == one.tokens[0].tolist()
+        assert lp["token_logprobs"] == pytest.approx(one.logprobs.token[0].tolist(), abs=1e-4)
+        assert [v for d in lp["top_logprobs"] for v in sorted(d.values(), reverse=True)] == pytest.approx(
+            one.logprobs.top[0].flatten().tolist(), abs=1e-4)
