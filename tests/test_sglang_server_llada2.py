@@ -1,7 +1,8 @@
 """SGLang's real server runtime serving LLaDA2 (SGLang's own ``LLaDA2MoeModelLM``, its config read through
 our plugin, no remote code) on this CPU through ``tests/sglang_harness``: our ``DllmCore`` with LLaDA2.1
 token editing and SGLang's own ``JointThreshold`` answer concurrent requests of different prompt lengths
-with the embedded engine's tokens; ours reports the embedded engine's logprobs."""
+with the embedded engine's tokens; ours reports the embedded engine's logprobs, and with SGLang's radix cache on
+(block-causal prompts are causal across blocks) requests after a shared prefix prefill their own suffix only."""
 import concurrent.futures as cf
 
 import pytest
@@ -17,6 +18,9 @@ from sglang_harness.server import SGLangServer  # noqa: E402
 
 GEN, EOS, MASK = 16, 1, 5
 PROMPTS = [[0, 7, 9, 11, 13], list(range(20, 31)), list(range(40, 57)), list(range(60, 68))]
+_g = torch.Generator().manual_seed(0)
+PREFIX = torch.randint(10, 100, (600,), generator=_g).tolist()  # a shared prompt prefix (75 grid blocks)
+SHARED = [PREFIX + torch.randint(10, 100, (3 + i,), generator=_g).tolist() for i in range(8)]
 SERVED = {  # --dllm-algorithm, its YAML (block_size: the checkpoint's), the embedded sampler
     "DllmCore-editing": ("DllmCore", {"sampler": "threshold:tau=0.5,edit=0.5,post_edit=4"},
                          "threshold:tau=0.5,edit=0.5,post_edit=4"),
@@ -43,7 +47,14 @@ def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, name):
         if algo == "DllmCore":  # logprobs on the block canvas: each output token's and its step's top 2
             lp = srv.post("/generate", {"input_ids": PROMPTS[1], "sampling_params": {
                 "max_new_tokens": GEN, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 2})
-    if algo == "DllmCore":
+            # the radix cache: 8 requests after a 600-token prefix, the first alone, then the rest at once
+            shared = [o["meta_info"] | {"ids": o["output_ids"]} for o in [srv.generate(SHARED[0], GEN)] + list(
+                cf.ThreadPoolExecutor(7).map(lambda p: srv.generate(p, GEN), SHARED[1:]))]
+    if algo == "DllmCore":  # later requests prefill their own suffix only; the tokens are caching off's
+        assert [m["cached_tokens"] for m in shared] == [0] + [600] * 7, [m["cached_tokens"] for m in shared]
+        refs = generate(model, SHARED, GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler))
+        for m, p, ref in zip(shared, SHARED, refs.tokens.tolist()):
+            assert m["prompt_tokens"] == len(p) and m["ids"] == ref[:ref.index(EOS) + 1 if EOS in ref else GEN]
         status, body = lp
         assert status == 200, body
         one = generate(model, PROMPTS[1:2], GenerationConfig(gen_length=GEN, block_length=8, steps=GEN,
