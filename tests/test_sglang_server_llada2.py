@@ -1,8 +1,9 @@
 """SGLang's real server runtime serving LLaDA2 (SGLang's own ``LLaDA2MoeModelLM``, its config read through
 our plugin, no remote code) on this CPU through ``tests/sglang_harness``: our ``DllmCore`` with LLaDA2.1
-token editing and SGLang's own ``JointThreshold`` answer concurrent requests of different prompt lengths
-with the embedded engine's tokens; ours reports the embedded engine's logprobs, and with SGLang's radix cache on
-(block-causal prompts are causal across blocks) requests after a shared prefix prefill their own suffix only."""
+token editing answers concurrent requests of different prompt lengths with the embedded engine's tokens (SGLang's
+own ``JointThreshold`` decodes the same, in-process: ``tests/test_sglang_llada2.py``) and reports the embedded
+engine's logprobs; with SGLang's radix cache on (block-causal prompts are causal across blocks) requests after a
+shared prefix prefill their own suffix only."""
 import concurrent.futures as cf
 
 import pytest
@@ -24,8 +25,6 @@ SHARED = [PREFIX + torch.randint(10, 100, (3 + i,), generator=_g).tolist() for i
 SERVED = {  # --dllm-algorithm, its YAML (block_size: the checkpoint's), the embedded sampler
     "DllmCore-editing": ("DllmCore", {"sampler": "threshold:tau=0.5,edit=0.5,post_edit=4"},
                          "threshold:tau=0.5,edit=0.5,post_edit=4"),
-    "JointThreshold": ("JointThreshold", {"threshold": 0.5, "edit_threshold": 0.5, "max_post_edit_steps": 4},
-                       "threshold:tau=0.5,edit=0.5,post_edit=4"),
 }
 
 
@@ -44,29 +43,29 @@ def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, name):
                       str(tmp_path / "algo.yaml"), log=tmp_path / "server.log") as srv:
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             got = [o["output_ids"] for o in pool.map(lambda p: srv.generate(p, GEN), PROMPTS)]
-        if algo == "DllmCore":  # logprobs on the block canvas: each output token's and its step's top 2
-            lp = srv.post("/generate", {"input_ids": PROMPTS[1], "sampling_params": {
-                "max_new_tokens": GEN, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 2})
-            # the radix cache: 8 requests after a 600-token prefix, the first alone, then the rest at once
-            shared = [o["meta_info"] | {"ids": o["output_ids"]} for o in [srv.generate(SHARED[0], GEN)] + list(
-                cf.ThreadPoolExecutor(7).map(lambda p: srv.generate(p, GEN), SHARED[1:]))]
-    if algo == "DllmCore":  # later requests prefill their own suffix only; the tokens are caching off's
-        assert [m["cached_tokens"] for m in shared] == [0] + [600] * 7, [m["cached_tokens"] for m in shared]
-        refs = generate(model, SHARED, GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler))
-        for m, p, ref in zip(shared, SHARED, refs.tokens.tolist()):
-            assert m["prompt_tokens"] == len(p) and m["ids"] == ref[:ref.index(EOS) + 1 if EOS in ref else GEN]
-        status, body = lp
-        assert status == 200, body
-        one = generate(model, PROMPTS[1:2], GenerationConfig(gen_length=GEN, block_length=8, steps=GEN,
-                                                             sampler=sampler, logprobs=2)).logprobs
-        toks, top = body["meta_info"]["output_token_logprobs"], body["meta_info"]["output_top_logprobs"]
-        assert body["output_ids"] == got[1] and len(toks) == len(top) == len(got[1]) > 8  # two blocks or more
-        for j, ((v, t, *_), alts) in enumerate(zip(toks, top)):
-            assert t == got[1][j] and v == pytest.approx(one.token[0, j].item(), abs=1e-4), j
-            assert [a[1] for a in alts] == one.top_ids[0, j].tolist(), j
-            assert [a[0] for a in alts] == pytest.approx(one.top[0, j].tolist(), abs=1e-4), j
+        # logprobs on the block canvas: each output token's and its step's top 2
+        lp = srv.post("/generate", {"input_ids": PROMPTS[1], "sampling_params": {
+            "max_new_tokens": GEN, "temperature": 0.0}, "return_logprob": True, "top_logprobs_num": 2})
+        # the radix cache: 8 requests after a 600-token prefix, the first alone, then the rest at once
+        shared = [o["meta_info"] | {"ids": o["output_ids"]} for o in [srv.generate(SHARED[0], GEN)] + list(
+            cf.ThreadPoolExecutor(7).map(lambda p: srv.generate(p, GEN), SHARED[1:]))]
     for g, ref in zip(got, want.tokens.tolist()):
         stop = ref.index(EOS) + 1 if EOS in ref else GEN  # SGLang stops at EOS
         assert g == ref[:stop], (name, g, ref)
     assert not torch.equal(want.tokens, generate(model, PROMPTS, GenerationConfig(
         gen_length=GEN, block_length=8, steps=GEN, sampler="threshold:tau=0.5")).tokens)  # the editing shows
+    # later requests prefill their own suffix only; the tokens are caching off's
+    assert [m["cached_tokens"] for m in shared] == [0] + [600] * 7, [m["cached_tokens"] for m in shared]
+    refs = generate(model, SHARED, GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler))
+    for m, p, ref in zip(shared, SHARED, refs.tokens.tolist()):
+        assert m["prompt_tokens"] == len(p) and m["ids"] == ref[:ref.index(EOS) + 1 if EOS in ref else GEN]
+    status, body = lp
+    assert status == 200, body
+    one = generate(model, PROMPTS[1:2], GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler,
+                                                         logprobs=2)).logprobs
+    toks, top = body["meta_info"]["output_token_logprobs"], body["meta_info"]["output_top_logprobs"]
+    assert body["output_ids"] == got[1] and len(toks) == len(top) == len(got[1]) > 8  # two blocks or more
+    for j, ((v, t, *_), alts) in enumerate(zip(toks, top)):
+        assert t == got[1][j] and v == pytest.approx(one.token[0, j].item(), abs=1e-4), j
+        assert [a[1] for a in alts] == one.top_ids[0, j].tolist(), j
+        assert [a[0] for a in alts] == pytest.approx(one.top[0, j].tolist(), abs=1e-4), j
