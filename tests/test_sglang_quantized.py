@@ -1,7 +1,7 @@
 """SGLang's own quantization on a shipped model: BitsAndBytes NF4, quantized by SGLang's loader while loading our
 model class (its projections' quant states filed on the fused parameters), decodes held-out examples as well as the
-unquantized embedded engine (within one answer per task), and dLLM-Cache serves on the quantized weights. ``tests/bench_quantized.py`` has the 40-example table
-(``integrations/sglang/README.md``)."""
+unquantized embedded engine (within one answer per task), and dLLM-Cache serves on the quantized weights.
+``tests/bench_quantized.py`` has the 40-example table (``integrations/sglang/README.md``)."""
 import pytest
 
 pytest.importorskip("sglang")

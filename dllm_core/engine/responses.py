@@ -5,7 +5,7 @@ at admission, a request's prompt, the output it committed before and its options
 block offsets and committed lengths; after it, the logits of its blocks.
 
     lc = ResponseLifecycle(L, mask_id, device, seed, features=(layers, kv_width, dim, like))
-    lc.admit(slot, rid, prompt, output, decode, plan, policy, seed, logprobs)  # a new request (its committed output kept)
+    lc.admit(slot, rid, prompt, output, decode, plan, policy, seed, logprobs)  # its committed output kept
     ctx = lc.plan(slots, offsets, committed, shift)   # before the forward: StepContext(packed=ForwardPlan)
     x = ctx.packed.hidden(embed, n, ops, prompt_kv)   # the model: every kept position through every layer
     done = lc.take(logits, ids)                       # after it: the core's step, the canvas mirrored into ids
@@ -104,9 +104,9 @@ class ResponseLifecycle:
 
     def admit(self, slot: int, rid: str, prompt: list[int], output: list[int], decode: DecodeOptions,
               plan: ResponsePlan, policy: CachePolicy, seed: int | None, logprobs: int | None) -> None:
-        """A new request in ``slot`` (free): ``plan``'s response, decoded by ``decode`` under ``policy``; ``output``: the
-        tokens it committed before (a request the host retracted and re-admitted), kept, the loop resuming at their
-        block."""
+        """A new request in ``slot`` (free): ``plan``'s response, decoded by ``decode`` under ``policy``; ``output``:
+        the tokens it committed before (a request the host retracted and re-admitted), kept, the loop resuming at
+        their block."""
         core, G, config = self.slots, plan.decoded, SlotConfig.of(decode, plan)
         r = self.responses[slot] = Response(slot, rid, torch.tensor(prompt, dtype=torch.long, device=self.device), G)
         core.fit(slot + 1, G)
@@ -146,7 +146,7 @@ class ResponseLifecycle:
                     r.feats = PartStores(*self.features)
             core.count(ls, (P + G) * core.layers)  # what the uncached loop runs
         self.batch = (resps, offsets, live)
-        return StepContext(packed=ForwardPlan(slots, rows, shift, core.token_layers), work=core.token_layers)
+        return StepContext(packed=ForwardPlan(slots, rows, shift, core.token_layers))  # the plan tallies work
 
     def take(self, logits: torch.Tensor, ids: torch.Tensor) -> list[bool]:
         """After the forward: one step of the loop for the live rows (``logits`` [B * L, V] of the batch's blocks);
