@@ -134,12 +134,11 @@ class BlockHost(SlotsHost):
     prompt_only = False  # the batch's blocks hold no mask: nothing to decode
     fb: tuple | None = None  # the batch in flight and its pool indices (its slots: ``slots``)
 
-    def new_core(self, model, device):
+    def new_lifecycle(self, model, device) -> BlockLifecycle:
         ours = hasattr(model, "context")  # a dllm-serve model (SGLang's own LLaDA2 class: exact, no features)
         att = model.layers[0].self_attn if ours else None
-        self.lc = BlockLifecycle(self.L, self.mask_id, device, self.opts.decode.seed, (
+        return BlockLifecycle(self.L, self.mask_id, device, self.opts.decode.seed, (
             len(model.layers), att.kv_size, model.args.dim, model.embed.weight) if ours else (0, 0, 0, None))
-        return self.lc.slots
 
     def admit(self, slot: int, gen: int, req, model, device) -> None:
         """A new request with its own options."""
@@ -172,8 +171,9 @@ class BlockHost(SlotsHost):
                 (pm if whole else pm[f]) & (ids == self.mask_id), -1, ids), pm is not None)
         live = [i for i, s in enumerate(states) if not s.final]  # (lists: numpy is slower on a batch this small)
         model = model_runner.model
-        ctx = self.lc.plan(slots, live, self.opts.caching, hasattr(model, "context"))
-        if hasattr(model, "context"):
+        ours = hasattr(model, "context")  # (SGLang's own LLaDA2 class runs every block whole, counting nothing)
+        ctx = self.lc.plan(slots, live, self.opts.caching, ours)
+        if ours:
             model.context = ctx
 
     def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:

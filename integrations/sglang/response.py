@@ -45,8 +45,8 @@ BATCH = BatchRequests()  # the algorithms' view (any model class)
 
 
 class SlotsHost:
-    """SGLang's request slots on a core lifecycle (``lc``, made by a subclass's ``new_core``; its ``ResponseSlots``:
-    ``core``): a slot whose generation moved holds a new request (``admit``); ``prepare(model_runner, fb, states)``
+    """SGLang's request slots on a core lifecycle (``lc``, made by a subclass's ``new_lifecycle``; its
+    ``ResponseSlots``: ``core``): a slot whose generation moved holds a new request (``admit``); ``prepare(model_runner, fb, states)``
     plans a forward, ``step(fb, logits, states)`` takes it."""
 
     active: "SlotsHost | None" = None  # this process's (one algorithm per scheduler): its logprobs are reported
@@ -55,8 +55,11 @@ class SlotsHost:
     def __init__(self, policy: CachePolicy, opts, L: int, mask_id: int):
         SlotsHost.active = self
         self.policy, self.opts, self.L, self.mask_id = policy, opts, L, mask_id
-        self.core: ResponseSlots | None = None
         self.gens: dict[int, int] = {}  # the request generation each slot was admitted with
+
+    @property
+    def core(self) -> ResponseSlots | None:
+        return None if self.lc is None else self.lc.slots
 
     @property
     def finished_work(self) -> dict[str, dict]:
@@ -70,8 +73,8 @@ class SlotsHost:
     def bind(self, model_runner, fb: ForwardBatch) -> list | None:
         """Admit the batch's new requests; -> the batch's ``Req``s (None when not needed)."""
         slots, model = fb.req_pool_indices.tolist(), model_runner.model
-        if self.core is None:
-            self.core = self.new_core(model, fb.input_ids.device)
+        if self.lc is None:
+            self.lc = self.new_lifecycle(model, fb.input_ids.device)
         gens = model_runner.req_to_token_pool.req_generation[slots].tolist()
         new = [(i, s, g) for i, (s, g) in enumerate(zip(slots, gens)) if self.gens.get(s) != g]
         reqs = BATCH.requests(slots) if new else None
@@ -114,14 +117,13 @@ class ResponseHost(SlotsHost):
     def responses(self) -> dict:
         return {} if self.lc is None else self.lc.responses
 
-    def new_core(self, model, device) -> ResponseSlots:
+    def new_lifecycle(self, model, device) -> ResponseLifecycle:
         if getattr(model, "response_forward", None) is None:
             raise ValueError(f"cache {self.policy.name} needs a dllm-serve model class (LLaDAModelLM, DreamModel), "
                              f"got {type(model).__name__}")
         att = model.layers[0].self_attn
-        self.lc = ResponseLifecycle(self.L, self.mask_id, device, self.opts.decode.seed,
+        return ResponseLifecycle(self.L, self.mask_id, device, self.opts.decode.seed,
                                     (len(model.layers), att.n_kv * att.head_dim, model.args.dim, model.embed.weight))
-        return self.lc.slots
 
     def release(self, slot: int) -> None:
         self.lc.release(slot)
@@ -191,9 +193,9 @@ class ResponseForward:
 
 def report_logprobs(streamer, reqs, return_logprob: bool, *args, **kwargs) -> None:
     """BEFORE SGLang's ``SchedulerOutputStreamer.stream_output``: the logprobs of a batch's new output ids, for the
-    requests that ask, from the whole-response host of this process (SGLang computes none for a dLLM batch)."""
-    host = ResponseHost.active
-    if return_logprob and host is not None and host.core is not None:
+    requests that ask, from the host of this process (SGLang computes none for a dLLM batch)."""
+    host = SlotsHost.active
+    if return_logprob and host is not None and host.lc is not None:
         for req in reqs:
             if req.return_logprob:
                 host.report_logprobs(req)
