@@ -4,6 +4,7 @@ SGLang's own ``JointThreshold``)."""
 import json
 import math
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -241,6 +242,32 @@ def test_bad_llada2_options(llada2):
     with pytest.raises(ValueError, match=r"--sampler low_confidence.schedule must be one of \['dream', 'llada', "
                                          r"'llada2'\], got 'llada3'"):
         make_sampler("low_confidence:schedule=llada3")
+
+
+def test_grid_requests_attend_a_chunk_after_cached_pages_block_causally():
+    """A paged host's non-causal attention over the core's ``GridRequests`` (one request per grid block of each prompt
+    chunk, its keys up to its block's end) is the block-causal attention of the whole prompt, for chunks after cached
+    pages; a request that is not a chunk stays whole; a page that cuts a grid block is refused."""
+    from dllm_core.engine.context import GridRequests
+    from dllm_core.engine.generate import block_causal_mask, prefix_pages_error
+
+    g = torch.Generator().manual_seed(0)
+    block, P, heads, hd = 4, 21, 2, 8
+    q, k, v = (torch.randn(heads, P, hd, generator=g) for _ in range(3))
+    pos = torch.arange(P)[None]
+    full = F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=block_causal_mask(
+        torch.ones_like(pos, dtype=torch.bool), pos, block))[0]  # [H, P, hd]
+    # rows: request 0 = positions 8..20 of the prompt (8 cached), request 1 = 5 rows of something else
+    grid = GridRequests.of(np.array([0, 13, 18]), np.array([P, 40]), np.array([True, False]), block)
+    assert grid.req.tolist() == [0, 0, 0, 0, 1] and grid.qsl.tolist() == [0, 4, 8, 12, 13, 18]
+    assert grid.back.tolist() == [9, 5, 1, 0, 0]
+    for r in range(4):
+        rows, end = slice(int(grid.qsl[r]), int(grid.qsl[r + 1])), P - int(grid.back[r])
+        qs = q[:, 8 + rows.start:8 + rows.stop]
+        o = F.scaled_dot_product_attention(qs[None], k[None, :, :end], v[None, :, :end])[0]
+        assert torch.allclose(o, full[:, 8 + rows.start:8 + rows.stop], atol=1e-6), r
+    assert prefix_pages_error(128, 32) is None and prefix_pages_error(64, 8) is None
+    assert "allowed: multiples of 32" in prefix_pages_error(16, 32)
 
 
 # ---- LLaDA2's official schedule (``schedule=llada2``) against a transcription of the official ``generate`` --------

@@ -43,6 +43,17 @@ CASES = {
                     "threshold:tau=0.5,edit=0.5,post_edit=2,schedule=llada2", CANVAS),
     "short": ({"dllm_sampler": "threshold:tau=0.5"}, GEN - 5, "threshold:tau=0.5", CANVAS),
 }
+# 8 requests after one 600-token prefix (a few-shot prompt's exemplars): the first alone, then the other 7, then all 8
+# with the prefix cache unread (prefix caching is on for a block-causal model, vLLM's default)
+SHARED = [20 + (7 * i) % 70 for i in range(600)]
+QUESTIONS = [[30 + i, 41 + i, 52 + i] for i in range(8)]
+
+
+def shared(q: list[int], skip: bool) -> dict:
+    return {"prompt_token_ids": SHARED + q, "params": {"max_tokens": 2 * CANVAS, "ignore_eos": True,
+            "skip_reading_prefix_cache": skip, "extra_args": {"dllm_sampler": "threshold:tau=0.5"}}}
+
+
 INVALID = {
     "block_length": {"dllm_block_length": 4},
     "cache": {"dllm_cache": "dllm:kr=2"},
@@ -63,16 +74,22 @@ def served(tiny, tmp_path_factory):
              for xa, mt, *_ in CASES.values() for p in PROMPTS]
     invalid = [{"prompt_token_ids": PROMPTS[0], "params": {"max_tokens": 8, "extra_args": xa}}
                for xa in INVALID.values()]
-    proc = start_engine({"model": str(tiny), "engine": {**ENGINE, "additional_config": {"dllm": SERVER}},
-                         "batches": [batch], "invalid": invalid})
+    sharing = [[shared(QUESTIONS[0], False)], [shared(q, False) for q in QUESTIONS[1:]],
+               [shared(q, True) for q in QUESTIONS]]
+    proc = start_engine({"model": str(tiny), "engine": {**ENGINE, "max_model_len": 1024,
+                                                        "additional_config": {"dllm": SERVER}},
+                         "batches": [batch, *sharing], "invalid": invalid, "work": True})
     try:
         res = finish_engine(proc)
     finally:
         stop(proc)
-    print(f"\nvLLM LLaDA2: startup {res['seconds']['startup']:.1f} s, {len(batch)} requests "
-          f"{res['seconds']['generate']:.1f} s")
+    print(f"\nvLLM LLaDA2: startup {res['seconds']['startup']:.1f} s, {len(batch)} + 3 x 8 requests "
+          f"{res['seconds']['generate']:.1f} s; prompt tokens from the prefix cache {res['cached'][1:]}")
     outs, n = res["batches"][0], len(PROMPTS)
-    return {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}, dict(zip(INVALID, res["invalid"]))
+    cases = {name: outs[i * n:(i + 1) * n] for i, name in enumerate(CASES)}
+    cases["sharing"] = {k: [r[1] + r[2], r[3]] for k, r in (("tokens", res["batches"]), ("cached", res["cached"]),
+                                                           ("work", res["work"]))}
+    return cases, dict(zip(INVALID, res["invalid"]))
 
 
 def reference(model, sampler: str, steps: int, gen: int = GEN) -> list[list[int]]:
@@ -87,6 +104,23 @@ def test_greedy_output_equals_the_embedded_engine(served, tiny, case):
     outs, _ = served
     _, _, sampler, steps = CASES[case]
     assert outs[case] == reference(load_model(tiny), sampler, steps)
+
+
+def test_requests_sharing_a_prefix_prefill_only_their_own_suffix(served):
+    """vLLM's prefix caching stays on for a block-causal model: 7 requests after a first with the same 600-token
+    prefix read its cached pages (whole grid blocks), their model forwards run only the rest of the prompt (the
+    rows counted by the core's work tally: the cached tokens x layers fewer), and their tokens equal those of the
+    same requests with the cache unread."""
+    on, off = served[0]["sharing"]["tokens"]
+    (cached, unread), (work_on, work_off) = served[0]["sharing"]["cached"], served[0]["sharing"]["work"]
+    assert on == off
+    assert unread == [0] * 8 and cached[0] == 0, (cached, unread)
+    page = cached[1]
+    assert 0 < page <= 600 and page % CANVAS == 0 and cached == [0] + [page] * 7, cached
+    layers = 2
+    for w_on, w_off, c in zip(work_on, work_off, cached):
+        assert w_off["token_layers"] - w_on["token_layers"] == c * layers, (w_on, w_off, c)
+    assert len(set(map(tuple, on))) > 1  # the questions decode differently
 
 
 def test_editing_changed_something(served):

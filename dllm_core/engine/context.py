@@ -1,10 +1,10 @@
 """One forward's plan, built by the core once per step and read by the model alone (nano-vllm's per-step context):
 which rows run beside the host's scheduled ones (``RowLayout``), which layers run cached (``CachedStep``), which
-final hidden rows are kept (Dream's shifted row), the block-causal prompt prefills, and each row's request slot
-(work). A host hands the model nothing else."""
+final hidden rows are kept (Dream's shifted row), the attention requests of block-causal prompt chunks
+(``GridRequests``), and each row's request slot (work). A host hands the model nothing else."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -76,6 +76,31 @@ class RowLayout:
 
 
 @dataclass
+class GridRequests:
+    """A forward's requests as the host's (non-causal, paged) attention sees them when a block-causal model prefills
+    a prompt chunk: each grid block of a chunk is a request of its own, whose queries attend the keys up to its
+    block's end, so the attention is block-causal over the cached prefix and the chunk alike (a chunk after cached
+    pages included). Other requests stay one each."""
+
+    req: np.ndarray   # [R] the forward's request of each attention request
+    qsl: np.ndarray   # [R + 1] query start of each, in the forward's rows (int32)
+    back: np.ndarray  # [R] positions between its last key and its request's last one (its sequence: seq_len - back)
+
+    @classmethod
+    def of(cls, qsl: np.ndarray, end: np.ndarray, chunk: np.ndarray, block: int) -> "GridRequests":
+        """Requests of rows [qsl[i], qsl[i + 1]) ending at position ``end[i]``; ``chunk`` [n]: a prompt chunk, cut at
+        multiples of ``block``."""
+        req, start, back = [], [], []
+        for i in range(len(end)):
+            q0, q1, e = int(qsl[i]), int(qsl[i + 1]), int(end[i])
+            p0 = e - (q1 - q0)  # the chunk's first position
+            edges = [p0, *range((p0 // block + 1) * block, e, block), e] if chunk[i] else [p0, e]
+            for a, b in zip(edges, edges[1:]):
+                req.append(i), start.append(q0 + a - p0), back.append(e - b)
+        return cls(np.array(req), np.array([*start, int(qsl[len(end)])], dtype=np.int32), np.array(back))
+
+
+@dataclass
 class StepContext:
     """One forward's plan (module doc); rows count in the extended batch when ``layout`` is set."""
 
@@ -85,8 +110,8 @@ class StepContext:
     capture_slots: torch.Tensor | None = None  # [k] the request slot each one is kept for
     row_slots: torch.Tensor | None = None      # [N] request slot of each row (work; padding rows: the spare slot)
     work: torch.Tensor | None = None           # [slots + 1] the requests' token-layers (``ResponseSlots.token_layers``)
-    prefill: list[tuple[int, int]] = field(default_factory=list)  # block-causal prompt prefills: (first row, rows)
-    attention: object = None  # the host's attention metadata of the layout's rows
+    grid: GridRequests | None = None  # a block-causal model's prompt chunks: one attention request per grid block
+    attention: object = None  # the host's attention metadata of the layout's rows / the grid's requests
     packed: object = None  # a host that runs every position of its requests: its rows (``cache.host.PackedStep``)
 
     def run(self, layers, x: torch.Tensor, positions: torch.Tensor, full, ops=None) -> torch.Tensor:

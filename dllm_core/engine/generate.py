@@ -137,6 +137,14 @@ def check_paged_block_causal(block_size: int, block_length: int | None, cache: C
                                    f"{list(PAGED_BLOCK_CAUSAL_CACHES)}")
 
 
+def prefix_pages_error(page: int, block: int) -> str | None:
+    """Why a paged host's prefix cache of ``page``-token pages would not be exact for a block-causal model of grid
+    ``block``, or None: a cached page must hold whole grid blocks (a block's K/V depend on all of its tokens)."""
+    if page % block:
+        return f"a prefix-cached page of a block-causal model holds whole grid blocks; allowed: multiples of {block}"
+    return None
+
+
 def block_causal_policy(cfg: GenerationConfig) -> GenerationConfig:
     """On a block-causal model dLLM-Cache runs inside the block: a ``dllm`` spec becomes the canvas
     policy with its response-side knobs (the prefix is exact: nothing to refresh)."""

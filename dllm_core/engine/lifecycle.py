@@ -19,7 +19,7 @@ import torch
 
 from ..cache import CanvasCache, HostRequest, host_cache
 from ..cache.executor import CachedStep, PartStores
-from .context import RowLayout, StepContext, as_rows
+from .context import GridRequests, RowLayout, StepContext, as_rows
 from .generate import grid_canvas_width
 from .host_options import Served
 from .logprobs import Logprobs
@@ -154,8 +154,9 @@ class CanvasLifecycle:
             ctx.layout = RowLayout.of(q0, qlen, prefix, extra, drop, {i: hp.keep for i, hp in plans.items()},
                                       lambda i, pos: self.token_ids[slots[i], pos], self.device)
         start = ctx.layout.qsl if ctx.layout is not None else q0  # request starts in the forward's rows
-        if self.block_causal:
-            ctx.prefill = self._block_causal_prefill(start, qlen, prefix, known & ~canvas)
+        if self.block_causal and (known & ~canvas).any():  # prompt chunks (after cached pages too): block-causal
+            qsl = start if ctx.layout is not None else np.append(q0, q0[-1] + qlen[-1])
+            ctx.grid = GridRequests.of(qsl, prefix + qlen, known & ~canvas, self.block_causal)
         if self.shift:  # Dream: the last prefix row predicts the first canvas position
             cap = np.flatnonzero(prefilled | (commit & ~refresh) | (extra > 0))
             if len(cap):
@@ -175,13 +176,6 @@ class CanvasLifecycle:
         core.count(slots[known], np.where(denoise, (prefix + qlen) * core.layers, 0)[known])
         self.context = ctx
         return ctx
-
-    @staticmethod
-    def _block_causal_prefill(start, qlen, prefix, prefill) -> list[tuple[int, int]]:
-        """(first row, rows) of each prompt prefill of the step: the model attends them block-causally."""
-        if (prefix[prefill] > 0).any():
-            raise RuntimeError("dllm: a block-causal prompt must be prefilled in one chunk from position 0")
-        return [(int(start[i]), int(qlen[i])) for i in np.flatnonzero(prefill)]
 
     # ---- the step's outcome ----------------------------------------------------------------------------
     def sample(self, slots: np.ndarray, nlog: np.ndarray, cu: np.ndarray, prefilled: np.ndarray,

@@ -79,9 +79,10 @@ def config_hook():
                                  f"{block} ({type(mc.hf_config).__name__} attends block-causally: one grid block per "
                                  f"canvas)")
             options.serve(canvas, block, vllm_config.additional_config)  # fail fast
-            # The prompt is prefilled bidirectionally: its K/V depend on the whole prompt, so a
-            # prompt must be prefilled in one chunk and never shared through prefix caching.
-            cc.enable_prefix_caching = False
+            # A prompt is prefilled in one chunk. A bidirectional one's K/V depend on the whole prompt: never shared
+            # through prefix caching; a block-causal one's are its grid blocks' (pages of whole blocks: scheduler.py)
+            if block is None:
+                cc.enable_prefix_caching = False
             sc.enable_chunked_prefill = False
             sc.long_prefill_token_threshold = 0
             if sc.max_num_batched_tokens < mc.max_model_len:

@@ -105,8 +105,8 @@ class DiffusionBlock(nn.Module):
 
 @contextmanager
 def attention_of(ctx):
-    """vLLM's attention metadata / slot mapping of the context's row layout for the layers' duration."""
-    if ctx is None or ctx.layout is None:
+    """vLLM's attention metadata / slot mapping of the context's rows and requests for the layers' duration."""
+    if ctx is None or ctx.attention is None:
         yield
         return
     fc = get_forward_context()

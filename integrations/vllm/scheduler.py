@@ -3,7 +3,7 @@ rule; selected by the config hook as ``scheduler_cls``, no patch). ``docs/vllm.m
 """
 from __future__ import annotations
 
-from dllm_core.engine.generate import grid_canvas_width
+from dllm_core.engine.generate import grid_canvas_width, prefix_pages_error
 
 from vllm.v1.core.sched.diffusion_scheduler import DiffusionScheduler
 
@@ -14,7 +14,10 @@ from . import options
 class DllmScheduler(DiffusionScheduler):
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
-        self.block_causal = block_causal_size(vllm_config.model_config.hf_config)
+        self.block_causal, cc = block_causal_size(vllm_config.model_config.hf_config), vllm_config.cache_config
+        if self.block_causal and cc.enable_prefix_caching and (err := prefix_pages_error(cc.block_size,
+                                                                                          self.block_causal)):
+            raise ValueError(f"--block-size {cc.block_size}: {err}, or --no-enable-prefix-caching")
         self.served = options.serve(vllm_config.diffusion_config.canvas_length, self.block_causal,
                                     vllm_config.additional_config)
 

@@ -92,23 +92,32 @@ class DllmModelState(ModelState):
                      for_capture=False, ubatch_idx: int = 0) -> dict[str, Any]:
         ib, num_reqs = input_batch, input_batch.num_reqs
         ctx = self.states.context = None if for_capture else self._plan(ib)
-        # Per-request causal flag (CPU_ATTN / FlashAttention): 0 for every LLaDA / Dream step.
-        common = dict(attn_groups=attn_groups, num_reqs=num_reqs, max_seq_len=self.max_model_len,
-                      block_tables=block_tables, kv_cache_config=kv_cache_config, causal=self._causal[:num_reqs])
-        if ctx is not None and ctx.layout is not None:
-            lay = ctx.layout
-            slots = self._layout_slots(ib, lay, block_tables, slot_mappings, kv_cache_config)
-            seq_lens = ib.seq_lens if not lay.drop.any() else \
-                ib.seq_lens[:num_reqs] - torch.as_tensor(lay.drop, dtype=ib.seq_lens.dtype, device=self.device)
-            ctx.attention = (build_attn_metadata(
-                num_tokens=lay.n_tokens, query_start_loc_gpu=torch.as_tensor(lay.qsl, device=self.device),
-                query_start_loc_cpu=torch.from_numpy(lay.qsl), max_query_len=int(np.diff(lay.qsl).max()),
-                seq_lens=seq_lens, slot_mappings=slots, **common), build_slot_mappings_by_layer(slots, kv_cache_config))
+        common = dict(attn_groups=attn_groups, max_seq_len=self.max_model_len, kv_cache_config=kv_cache_config)
+        if ctx is not None and (ctx.layout is not None or ctx.grid is not None):  # the model's own rows / requests
+            lay, grid, slots, seq_lens = ctx.layout, ctx.grid, slot_mappings, ib.seq_lens[:num_reqs]
+            if lay is not None:
+                slots = self._layout_slots(ib, lay, block_tables, slot_mappings, kv_cache_config)
+                seq_lens = seq_lens - torch.as_tensor(lay.drop, dtype=seq_lens.dtype, device=self.device)
+            qsl, tables = ib.query_start_loc_np[:num_reqs + 1] if lay is None else lay.qsl, block_tables
+            if grid is not None:
+                req = torch.as_tensor(grid.req, device=self.device)
+                qsl, tables = grid.qsl, [bt[req] for bt in block_tables]
+                seq_lens = seq_lens[req] - torch.as_tensor(grid.back, dtype=seq_lens.dtype, device=self.device)
+            ctx.attention = (self._metadata(ib.num_tokens if lay is None else lay.n_tokens, qsl, seq_lens, slots,
+                                            tables, **common), build_slot_mappings_by_layer(slots, kv_cache_config))
         return build_attn_metadata(
-            num_tokens=ib.num_tokens, query_start_loc_gpu=ib.query_start_loc,
+            num_tokens=ib.num_tokens, num_reqs=num_reqs, query_start_loc_gpu=ib.query_start_loc,
             query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
-            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings,
-            **common)
+            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings, block_tables=block_tables,
+            causal=self._causal[:num_reqs], **common)
+
+    def _metadata(self, num_tokens: int, qsl: np.ndarray, seq_lens, slots, block_tables, **common):
+        """vLLM's attention metadata of requests with query starts ``qsl`` [n + 1], all non-causal."""
+        n = len(qsl) - 1
+        causal = self._causal[:n] if n <= len(self._causal) else torch.zeros(n, dtype=torch.int32, device=self.device)
+        return build_attn_metadata(num_tokens=num_tokens, num_reqs=n, query_start_loc_gpu=torch.as_tensor(
+            qsl, device=self.device), query_start_loc_cpu=torch.from_numpy(qsl), max_query_len=int(np.diff(qsl).max()),
+            seq_lens=seq_lens, slot_mappings=slots, block_tables=block_tables, causal=causal, **common)
 
     def _layout_slots(self, ib, lay: RowLayout, block_tables, slot_mappings, kv_cache_config) -> torch.Tensor:
         """Paged slots [groups, n_tokens] of the layout's rows: vLLM's for the scheduled rows, from the block table

@@ -4,7 +4,8 @@ stdin:  {"model": DIR, "engine": {LLM kwargs}, "batches": [[{"prompt_token_ids":
          "params": {SamplingParams kwargs}}, ...], ...], "invalid": [{...same...}, ...],
          "before": {"fn": "module:function", ...kwargs}, "report": {"fn": "module:function", ...kwargs},
          "env": {NAME: value}}
-stdout: a line ``RESULT {"batches": [[token ids per request], ...], "invalid": [error text | null],
+stdout: a line ``RESULT {"batches": [[token ids per request], ...], "cached": [[prompt tokens read from the
+         prefix cache per request], ...], "invalid": [error text | null],
          "seconds": {"startup": s, "generate": s}}`` (+ ``"work"``: per batch, each request's work
          counters from the dllm adapter, when the job sets ``"work": true``; + ``"report"``: what the report
          function returned)
@@ -48,6 +49,7 @@ def run(job: dict) -> None:
         res = llm.generate([{"prompt_token_ids": r["prompt_token_ids"]} for r in batch],
                            [SamplingParams(**r["params"]) for r in batch], use_tqdm=False)
         out["batches"].append([list(o.outputs[0].token_ids) for o in res])
+        out.setdefault("cached", []).append([o.num_cached_tokens for o in res])  # prompt tokens from the prefix cache
         if any(r["params"].get("logprobs") is not None for r in batch):  # per token: [[id, logprob, rank], ...]
             out.setdefault("logprobs", []).append([None if o.outputs[0].logprobs is None else [
                 [[t, lp.logprob, lp.rank] for t, lp in d.items()] for d in o.outputs[0].logprobs] for o in res])
