@@ -69,6 +69,14 @@ class CanvasLifecycle:
         self.token_ids: torch.Tensor | None = None  # the host's [n_slots, max_len] prompt + output ids
         self.context: StepContext | None = None  # the next forward's plan (None: a host's dummy run)
 
+    def bind_tokens(self, token_ids: torch.Tensor) -> None:
+        """The host's [n_slots, max_len] prompt + output ids (read for prompt tails and refreshed prefix rows)."""
+        self.token_ids = token_ids
+
+    def no_plan(self) -> None:
+        """The next forward is not the core's (a host's dummy run or graph capture): every row runs plainly."""
+        self.context = None
+
     # ---- admission -------------------------------------------------------------------------------------
     def add(self, slot: int, opts: DecodeOptions, max_tokens: int | None, prompt_len: int, rid: str | None = None,
             seed: int | None = None, top_p: float | None = None, top_k: int | None = None,

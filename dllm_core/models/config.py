@@ -45,6 +45,11 @@ def _req(cfg: dict, key: str, path: str):
     return cfg[key]
 
 
+def rope_theta(cfg: dict, default: float) -> float:
+    """RoPE's base: ``rope_theta``, or inside ``rope_parameters`` (where transformers 5 configs keep it)."""
+    return float(cfg.get("rope_theta") or (cfg.get("rope_parameters") or {}).get("rope_theta") or default)
+
+
 def llada_args(cfg: dict, path: str = "config.json") -> ModelArgs:
     """Map LLaDA's OLMo-style field names (d_model, n_layers, mlp_hidden_size, ...)."""
     n_heads = _req(cfg, "n_heads", path)
@@ -55,7 +60,7 @@ def llada_args(cfg: dict, path: str = "config.json") -> ModelArgs:
         n_heads=n_heads, n_kv_heads=cfg.get("n_kv_heads") or n_heads,
         ffn_dim=_req(cfg, "mlp_hidden_size", path),
         vocab_size=cfg.get("embedding_size") or _req(cfg, "vocab_size", path),
-        max_seq_len=cfg.get("max_sequence_length", 4096), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_seq_len=cfg.get("max_sequence_length", 4096), rope_theta=rope_theta(cfg, 10000.0),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-5)), qkv_bias=False,
         tied_embeddings=bool(cfg.get("weight_tying", False)), mask_token_id=cfg.get("mask_token_id"),
         eos_token_id=cfg.get("eos_token_id"), pad_token_id=cfg.get("pad_token_id"),
@@ -69,7 +74,7 @@ def dream_args(cfg: dict, path: str = "config.json") -> ModelArgs:
         arch="DreamModel", dim=_req(cfg, "hidden_size", path), n_layers=_req(cfg, "num_hidden_layers", path),
         n_heads=n_heads, n_kv_heads=cfg.get("num_key_value_heads") or n_heads,
         ffn_dim=_req(cfg, "intermediate_size", path), vocab_size=_req(cfg, "vocab_size", path),
-        max_seq_len=cfg.get("max_position_embeddings", 32768), rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_seq_len=cfg.get("max_position_embeddings", 32768), rope_theta=rope_theta(cfg, 10000.0),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), qkv_bias=True,
         tied_embeddings=bool(cfg.get("tie_word_embeddings", False)), mask_token_id=cfg.get("mask_token_id"),
         eos_token_id=cfg.get("eos_token_id"), pad_token_id=cfg.get("pad_token_id"),

@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .config import ModelArgs, _req
+from .config import ModelArgs, _req, rope_theta
 from .layers import Block, RMSNorm, Rope, RotaryEmbedding
 from .transformer import DiffusionLM
 
@@ -90,7 +90,7 @@ def llada2_args(cfg: dict, path: str = "config.json") -> LLaDA2Args:
         arch="LLaDA2MoeModelLM", dim=dim, n_layers=_req(cfg, "num_hidden_layers", path), n_heads=n_heads,
         n_kv_heads=cfg.get("num_key_value_heads") or n_heads, ffn_dim=_req(cfg, "intermediate_size", path),
         vocab_size=_req(cfg, "vocab_size", path), max_seq_len=cfg.get("max_position_embeddings", 32768),
-        rope_theta=float(cfg.get("rope_theta", 600000.0)), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
+        rope_theta=rope_theta(cfg, 600000.0), norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         qkv_bias=bool(cfg.get("use_qkv_bias", False)), tied_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         mask_token_id=cfg.get("mask_token_id", MASK_ID), eos_token_id=cfg.get("eos_token_id"),
         pad_token_id=cfg.get("pad_token_id"), bos_token_id=cfg.get("bos_token_id"),

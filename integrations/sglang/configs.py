@@ -15,11 +15,3 @@ def register_configs() -> None:
         if cls.model_type not in CONFIG_MAPPING:
             AutoConfig.register(cls.model_type, cls)
 
-
-def hf_dict(hf_config) -> dict:
-    """The config as config.json spells it (+ rope_theta, which transformers 5 moves into ``rope_parameters``)."""
-    d = hf_config.to_dict()
-    rope = d.get("rope_parameters") or {}
-    if "rope_theta" not in d and "rope_theta" in rope:
-        d["rope_theta"] = rope["rope_theta"]
-    return d

@@ -12,6 +12,7 @@ from torch import nn
 
 from dllm_core.models import ModelArgs
 from dllm_core.models import transformer as core
+from dllm_core.models.host_layers import packed_name, packed_value, rank_heads
 
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.dp_attention import attn_tp_all_reduce
@@ -26,7 +27,6 @@ from sglang.srt.model_loader.weight_utils import default_weight_loader
 from sglang.srt.runtime_context import get_parallel
 from sglang.srt.utils import add_prefix
 
-from .configs import hf_dict
 from .response import ResponseForward
 from .prefix_row import PrefixRows
 
@@ -52,11 +52,8 @@ class DiffusionAttention(nn.Module):
     def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()
         tp = get_parallel().attn_tp_size
-        if a.n_heads % tp or (a.n_kv_heads >= tp and a.n_kv_heads % tp) or (a.n_kv_heads < tp and tp % a.n_kv_heads):
-            raise ValueError(f"--tp-size {tp} does not divide the model's {a.n_heads} heads / {a.n_kv_heads} KV heads")
-        self.head_dim, self.n_heads, self.n_kv = a.head_dim, a.n_heads // tp, max(1, a.n_kv_heads // tp)
+        self.heads = self.n_heads, self.n_kv, self.head_dim = rank_heads(a, tp, "--tp-size")  # LayerOps: (Hq, Hkv, D)
         self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
-        self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
         self.reduce = attn_tp_all_reduce if tp > 1 else None  # LayerOps.reduce: a pick's sums over every rank's heads
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
@@ -78,12 +75,8 @@ class DiffusionAttention(nn.Module):
         return q, k, v
 
     def value(self, h: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]; the V rows of the packed
-        weight, or with quantized weights the packed projection's V."""
-        lo, w = self.q_size + self.kv_size, self.qkv_proj.weight
-        if w.dtype != h.dtype:
-            return self.qkv_proj(h)[0][:, lo:]
-        return nn.functional.linear(h, w[lo:], None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:])
+        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]."""
+        return packed_value(h, self.qkv_proj, self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
 
     def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
         """Attention (writes k/v into the paged cache at ``out_cache_loc``) + output projection."""
@@ -121,14 +114,10 @@ class DiffusionLayer(nn.Module):
         return h + self.ffn(h)
 
 
-# dllm_core parameter name -> (SGLang parameter name, shard id) for the fused projections
-_FUSED = {"q_proj": ("self_attn.qkv_proj", "q"), "k_proj": ("self_attn.qkv_proj", "k"),
-          "v_proj": ("self_attn.qkv_proj", "v"), "gate_proj": ("mlp.gate_up_proj", 0),
-          "up_proj": ("mlp.gate_up_proj", 1)}
-LINEARS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
+# a layer's (packed) linear -> its submodule here
+WHERE = {"qkv_proj": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj", "gate_up_proj": "mlp.gate_up_proj",
+         "down_proj": "mlp.down_proj"}
 SHARDS = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> BitsAndBytes' shard index
-_PLAIN = {"o_proj": "self_attn.o_proj", "down_proj": "mlp.down_proj", "attn_norm": "attn_norm",
-          "ffn_norm": "ffn_norm"}
 
 
 class DiffusionLMForSGLang(nn.Module):
@@ -141,7 +130,7 @@ class DiffusionLMForSGLang(nn.Module):
         if get_parallel().pp_group.world_size != 1:
             raise ValueError(f"{type(self).__name__} does not support pipeline parallelism (--pp-size 1)")
         self.config, self.quant_config = config, quant_config
-        self.args = a = self.core_cls.parse_config(hf_dict(config), "config.json")
+        self.args = a = self.core_cls.parse_config(config.to_dict(), "config.json")
         self.embed = VocabParallelEmbedding(a.vocab_size, a.dim, quant_config=quant_config, prefix="embed")
         self.layers = nn.ModuleList(DiffusionLayer(a, i, quant_config, f"layers.{i}") for i in range(a.n_layers))
         self.norm = RMSNorm(a.dim, eps=a.norm_eps)
@@ -189,7 +178,7 @@ class DiffusionLMForSGLang(nn.Module):
         out = {}
         for hf, native in self.core_cls.from_hf_map(self.args).items():
             target, shard = self.sglang_name(native)
-            if target.split(".")[-2] in LINEARS:
+            if target.split(".")[-2] in {w.split(".")[-1] for w in WHERE.values()}:
                 out[hf.removesuffix("weight") + "q"] = (target.removesuffix("weight"), SHARDS.get(shard, shard or 0))
         return out
 
@@ -200,12 +189,7 @@ class DiffusionLMForSGLang(nn.Module):
     @staticmethod
     def sglang_name(name: str) -> tuple[str, object]:
         """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
-        parts = name.split(".")
-        if parts[0] != "layers":
-            return name, None
-        i, proj, leaf = parts[1], parts[2], parts[3]
-        target, shard = _FUSED.get(proj) or (_PLAIN[proj], None)
-        return f"layers.{i}.{target}.{leaf}", shard
+        return packed_name(name, WHERE)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """HF checkpoint tensors (LLaDA / Dream key names) through each parameter's ``weight_loader`` (TP sharding)."""

@@ -46,8 +46,8 @@ BATCH = BatchRequests()  # the algorithms' view (any model class)
 
 class SlotsHost:
     """SGLang's request slots on a core lifecycle (``lc``, made by a subclass's ``new_lifecycle``; its
-    ``ResponseSlots``: ``core``): a slot whose generation moved holds a new request (``admit``); ``prepare(model_runner, fb, states)``
-    plans a forward, ``step(fb, logits, states)`` takes it."""
+    ``ResponseSlots``: ``core``): a slot whose generation moved holds a new request (``admit``);
+    ``prepare(model_runner, fb, states)`` plans a forward, ``step(fb, logits, states)`` takes it."""
 
     active: "SlotsHost | None" = None  # this process's (one algorithm per scheduler): its logprobs are reported
     lc = None

@@ -95,7 +95,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 raise ValueError("--speculative-adaptive with DFLASH: one rank (its own measured times decide) and a "
                                  "plain DFlash drafter (no selector, LiLiCorr or Domino head)")
             self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
-            self.dllm_deferred: list[tuple] = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
+            self.dllm_deferred: list = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
             self.dllm_deferred_rows = 0
 
         def forward_batch_generation(self, batch, *args, **kwargs):

