@@ -178,7 +178,7 @@ class DiffusionLMForSGLang(nn.Module):
         out = {}
         for hf, native in self.core_cls.from_hf_map(self.args).items():
             target, shard = self.sglang_name(native)
-            if target.split(".")[-2] in {w.split(".")[-1] for w in WHERE.values()}:
+            if target.split(".")[-2] in WHERE:
                 out[hf.removesuffix("weight") + "q"] = (target.removesuffix("weight"), SHARDS.get(shard, shard or 0))
         return out
 

@@ -105,19 +105,19 @@ class DllmModelState(ModelState):
                 seq_lens = seq_lens[req] - torch.as_tensor(grid.back, dtype=seq_lens.dtype, device=self.device)
             ctx.attention = (self._metadata(ib.num_tokens if lay is None else lay.n_tokens, qsl, seq_lens, slots,
                                             tables, **common), build_slot_mappings_by_layer(slots, kv_cache_config))
-        return build_attn_metadata(
-            num_tokens=ib.num_tokens, num_reqs=num_reqs, query_start_loc_gpu=ib.query_start_loc,
-            query_start_loc_cpu=torch.from_numpy(ib.query_start_loc_np),
-            max_query_len=int(ib.num_scheduled_tokens.max()), seq_lens=ib.seq_lens, slot_mappings=slot_mappings,
-            block_tables=block_tables, causal=self._causal[:num_reqs], **common)
+        return self._metadata(ib.num_tokens, ib.query_start_loc_np[:num_reqs + 1], ib.seq_lens, slot_mappings,
+                              block_tables, ib.query_start_loc, **common)
 
-    def _metadata(self, num_tokens: int, qsl: np.ndarray, seq_lens, slots, block_tables, **common):
-        """vLLM's attention metadata of requests with query starts ``qsl`` [n + 1], all non-causal."""
+    def _metadata(self, num_tokens: int, qsl: np.ndarray, seq_lens, slots, block_tables, qsl_gpu=None, **common):
+        """vLLM's attention metadata of requests with query starts ``qsl`` [n + 1] (on the device: ``qsl_gpu``), all
+        non-causal (the per-request causal flag of CPU_ATTN / FlashAttention: 0)."""
         n = len(qsl) - 1
         causal = self._causal[:n] if n <= len(self._causal) else torch.zeros(n, dtype=torch.int32, device=self.device)
-        return build_attn_metadata(num_tokens=num_tokens, num_reqs=n, query_start_loc_gpu=torch.as_tensor(
-            qsl, device=self.device), query_start_loc_cpu=torch.from_numpy(qsl), max_query_len=int(np.diff(qsl).max()),
-            seq_lens=seq_lens, slot_mappings=slots, block_tables=block_tables, causal=causal, **common)
+        return build_attn_metadata(
+            num_tokens=num_tokens, num_reqs=n, query_start_loc_cpu=torch.from_numpy(qsl),
+            query_start_loc_gpu=torch.as_tensor(qsl, device=self.device) if qsl_gpu is None else qsl_gpu,
+            max_query_len=int(np.diff(qsl).max()), seq_lens=seq_lens, slot_mappings=slots, block_tables=block_tables,
+            causal=causal, **common)
 
     def _layout_slots(self, ib, lay: RowLayout, block_tables, slot_mappings, kv_cache_config) -> torch.Tensor:
         """Paged slots [groups, n_tokens] of the layout's rows: vLLM's for the scheduled rows, from the block table
