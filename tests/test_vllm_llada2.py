@@ -161,7 +161,7 @@ def test_reference_decisions_are_robust(tiny, monkeypatch):
         assert {k: reference(model, v[2], v[3]) for k, v in cases.items()} == clean
 
 
-def test_a_canvas_other_than_the_block_is_refused(tiny):
+def test_a_canvas_other_than_the_block_and_a_page_that_cuts_one_are_refused(tiny):
     """The engine's config resolution (``EngineArgs.create_engine_config``, which runs our config hook, the code an
     engine start runs before any worker) refuses it, here in-process."""
     from vllm.engine.arg_utils import EngineArgs
@@ -170,6 +170,20 @@ def test_a_canvas_other_than_the_block_is_refused(tiny):
     args = EngineArgs(model=str(tiny), tokenizer=str(tiny), **engine)
     with pytest.raises(ValueError, match=r"canvas_length 16 must equal the checkpoint's block_size 8"):
         args.create_engine_config()
+    # prefix caching (on): a page that cuts a grid block is refused where the page is resolved (the scheduler's start)
+    from types import SimpleNamespace
+
+    from integrations.vllm.configs import LLaDA2Config
+    from integrations.vllm.scheduler import check_prefix_pages
+
+    def resolved(page: int, on: bool = True):
+        return SimpleNamespace(model_config=SimpleNamespace(hf_config=LLaDA2Config(block_size=32)),
+                               cache_config=SimpleNamespace(block_size=page, enable_prefix_caching=on))
+
+    assert check_prefix_pages(resolved(128)) == check_prefix_pages(resolved(16, on=False)) == 32
+    with pytest.raises(ValueError, match=r"--block-size 16: a prefix-cached page of a block-causal model holds whole "
+                                         r"grid blocks; allowed: multiples of 32, or --no-enable-prefix-caching"):
+        check_prefix_pages(resolved(16))
 
 
 @pytest.mark.skipif(not (SHIPPED / "config.json").is_file(), reason="models/llada2-tasks not shipped")

@@ -11,13 +11,19 @@ from .configs import block_causal_size
 from . import options
 
 
+def check_prefix_pages(vllm_config) -> int | None:
+    """The resolved config's page against a block-causal model's grid when prefix caching is on (a page of whole
+    blocks, ``prefix_pages_error``); -> the model's block (None: bidirectional)."""
+    block, cc = block_causal_size(vllm_config.model_config.hf_config), vllm_config.cache_config
+    if block and cc.enable_prefix_caching and (err := prefix_pages_error(cc.block_size, block)):
+        raise ValueError(f"--block-size {cc.block_size}: {err}, or --no-enable-prefix-caching")
+    return block
+
+
 class DllmScheduler(DiffusionScheduler):
     def __init__(self, vllm_config, *args, **kwargs):
         super().__init__(vllm_config, *args, **kwargs)
-        self.block_causal, cc = block_causal_size(vllm_config.model_config.hf_config), vllm_config.cache_config
-        if self.block_causal and cc.enable_prefix_caching and (err := prefix_pages_error(cc.block_size,
-                                                                                          self.block_causal)):
-            raise ValueError(f"--block-size {cc.block_size}: {err}, or --no-enable-prefix-caching")
+        self.block_causal = check_prefix_pages(vllm_config)
         self.served = options.serve(vllm_config.diffusion_config.canvas_length, self.block_causal,
                                     vllm_config.additional_config)
 
