@@ -263,13 +263,15 @@ def test_bad_algorithm_config_stops_the_launch(tmp_path, yaml_text, expected):
 
 
 TP_SERVED = ["llada-FastDllmThreshold-dllm", "dream-DllmCore-dual"]
-TP_CACHES = ("dual", "dllm:kp=4,kr=2,rho=0.25", "elastic:gamma=0.99,window=4,probe=1", "dpad:window=8,decay=none,tail=2")
+TP_CACHES = ("dual", "prefix", "dllm:kp=4,kr=2,rho=0.25", "elastic:gamma=0.99,window=4,probe=1",
+             "dpad:window=8,decay=none,tail=2")
 
 
 @pytest.mark.parametrize("served", TP_SERVED, indirect=True)
 def test_two_tensor_parallel_ranks_serve_every_policy_per_request(served):
-    """The --tp-size 2 server, per request (``custom_params``): ``dual``, Elastic's drift test and DPad each answer the
-    embedded engine's tokens, as the launch's dLLM-Cache does above: no policy is refused or run exact under tensor
+    """A --tp-size 2 server (LLaDA's dLLM-Cache launch, Dream's dual one), per request (``custom_params``): every
+    other policy of the whole response (``dual``, ``prefix``, dLLM-Cache, Elastic's drift test, DPad) answers the
+    embedded engine's tokens, as the launch's own does above: no policy is refused or run exact under tensor
     parallelism."""
     s, srv, model, tok = served
     prompts = [p for name, n in (("arithmetic", 2), ("sort", 1)) for p in prompts_of(tok, make_task(name).examples(

@@ -126,12 +126,13 @@ def gen_of(case) -> int:
     return case[5] if len(case) > 5 else GEN
 
 
-def reference(model, sampler: str, cache: str, block: int, steps: int, gen: int = GEN) -> list[list[int]]:
+def reference(model, sampler: str, cache: str, block: int, steps: int, gen: int = GEN,
+              prompts=PROMPTS) -> list[list[int]]:
     """The embedded engine, one request at a time: a host request keeps its own dLLM-Cache step
     counter, while an embedded batch shares one (lock step) and differs once rows finish blocks at
     different steps."""
     cfg = GenerationConfig(gen_length=gen, block_length=block, steps=gen // block * steps, sampler=sampler, cache=cache)
-    return [generate(model, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+    return [generate(model, [p], cfg).tokens[0].tolist() for p in prompts]
 
 
 @pytest.mark.parametrize("case", list(CASES))

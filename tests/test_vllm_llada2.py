@@ -92,10 +92,10 @@ def served(tiny, tmp_path_factory):
     return cases, dict(zip(INVALID, res["invalid"]))
 
 
-def reference(model, sampler: str, steps: int, gen: int = GEN) -> list[list[int]]:
+def reference(model, sampler: str, steps: int, gen: int = GEN, prompts=PROMPTS) -> list[list[int]]:
     """The embedded engine, each prompt alone (its block grid; batching is invisible there)."""
     cfg = GenerationConfig(gen_length=gen, block_length=CANVAS, steps=gen // CANVAS * steps, sampler=sampler)
-    return [generate(model, [p], cfg).tokens[0].tolist() for p in PROMPTS]
+    return [generate(model, [p], cfg).tokens[0].tolist() for p in prompts]
 
 
 @pytest.mark.parametrize("case", ["low_confidence", "threshold", "slowfast", "factor", "edit", "factor_edit",
