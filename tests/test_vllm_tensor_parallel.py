@@ -47,7 +47,8 @@ def served(tmp_path_factory):
             res = finish_engine(p)
         finally:
             stop(p)
-        print(f"\nvLLM TP 2 {a}: startup {res['seconds']['startup']:.1f} s, generate {res['seconds']['generate']:.1f} s")
+        secs = res["seconds"]
+        print(f"\nvLLM TP 2 {a}: startup {secs['startup']:.1f} s, generate {secs['generate']:.1f} s")
         out[a] = (res["batches"][0], load_model(ckpt))
     return out
 
