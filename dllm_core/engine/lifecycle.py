@@ -161,10 +161,10 @@ class CanvasLifecycle:
         if extra.any() or drop.any():
             ctx.layout = RowLayout.of(q0, qlen, prefix, extra, drop, {i: hp.keep for i, hp in plans.items()},
                                       lambda i, pos: self.token_ids[slots[i], pos], self.device)
-        start = ctx.layout.qsl if ctx.layout is not None else q0  # request starts in the forward's rows
+        # request starts in the forward's rows [n + 1]
+        start = ctx.layout.qsl if ctx.layout is not None else np.append(q0, q0[-1] + qlen[-1])
         if self.block_causal and (known & ~canvas).any():  # prompt chunks (after cached pages too): block-causal
-            qsl = start if ctx.layout is not None else np.append(q0, q0[-1] + qlen[-1])
-            ctx.grid = GridRequests.of(qsl, prefix + qlen, known & ~canvas, self.block_causal)
+            ctx.grid = GridRequests.of(start, prefix + qlen, known & ~canvas, self.block_causal)
         if self.shift:  # Dream: the last prefix row predicts the first canvas position
             cap = np.flatnonzero(prefilled | (commit & ~refresh) | (extra > 0))
             if len(cap):
