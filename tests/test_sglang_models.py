@@ -45,7 +45,7 @@ def test_weights_load_through_sglang_loader(models, arch):
         target, shard = sg.sglang_name(name)
         got = mine[target]
         if shard is not None:
-            a = sg.layers[0].self_attn
+            a = sg.layers[0]
             sizes = {"q": (0, a.q_size), "k": (a.q_size, a.kv_size), "v": (a.q_size + a.kv_size, a.kv_size),
                      0: (0, ref.args.ffn_dim), 1: (ref.args.ffn_dim, ref.args.ffn_dim)}[shard]
             got = got.narrow(0, *sizes)

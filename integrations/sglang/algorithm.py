@@ -136,9 +136,8 @@ class BlockHost(SlotsHost):
 
     def new_lifecycle(self, model, device) -> BlockLifecycle:
         ours = hasattr(model, "context")  # a dllm-serve model (SGLang's own LLaDA2 class: exact, no features)
-        att = model.layers[0].self_attn if ours else None
-        return BlockLifecycle(self.L, self.mask_id, device, self.opts.decode.seed, (
-            len(model.layers), att.kv_size, model.args.dim, model.embed.weight) if ours else (0, 0, 0, None))
+        shape = (len(model.layers), model.layers[0].kv_size, model.args.dim, model.embed.weight) if ours else None
+        return BlockLifecycle(self.L, self.mask_id, device, self.opts.decode.seed, shape or (0, 0, 0, None))
 
     def admit(self, slot: int, gen: int, req, model, device) -> None:
         """A new request with its own options."""

@@ -4,7 +4,6 @@ cached layers, or for a policy over the whole response its packed rows, ``respon
 prefix row (``prefix_row.py``)."""
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Iterable
 
 import torch
@@ -12,7 +11,7 @@ from torch import nn
 
 from dllm_core.models import ModelArgs
 from dllm_core.models import transformer as core
-from dllm_core.models.host_layers import packed_name, packed_value, rank_heads
+from dllm_core.models.host_layers import HostBlock, load_host_weights, packed_name, rank_heads
 
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.dp_attention import attn_tp_all_reduce
@@ -31,92 +30,36 @@ from .response import ResponseForward
 from .prefix_row import PrefixRows
 
 
-class DiffusionMLP(nn.Module):
-    """SwiGLU: down(silu(gate(x)) * up(x)), gate/up fused into one column-parallel linear."""
+class DiffusionLayer(HostBlock, nn.Module):
+    """Pre-norm bidirectional attention over [paged prefix K/V ; the block] (``ENCODER_ONLY``) + SwiGLU in SGLang's
+    layers (the core's ``LayerOps`` from ``HostBlock``; ``paged`` takes the forward batch)."""
 
-    def __init__(self, a: ModelArgs, quant_config=None, prefix: str = ""):
+    def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(a.dim, [a.ffn_dim] * 2, bias=False, quant_config=quant_config,
+        tp, qc = get_parallel().attn_tp_size, quant_config
+        self.heads = Hq, Hkv, _ = rank_heads(a, tp, "--tp-size")
+        self.reduce = attn_tp_all_reduce if tp > 1 else None  # LayerOps.reduce: a pick's sums over every rank's heads
+        self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias, quant_config=qc,
+                                          prefix=add_prefix("qkv_proj", prefix), parallel_group="attn_tp")
+        self.o_proj = RowParallelLinear(a.n_heads * a.head_dim, a.dim, bias=False, reduce_results=True,
+                                        quant_config=qc, prefix=add_prefix("o_proj", prefix), parallel_group="attn_tp")
+        self.rotary_emb = get_rope(a.head_dim, rotary_dim=a.head_dim, max_position=a.max_seq_len, base=a.rope_theta)
+        self.attn = RadixAttention(Hq, a.head_dim, a.head_dim ** -0.5, num_kv_heads=Hkv, layer_id=layer_id,
+                                   attn_type=AttentionType.ENCODER_ONLY, prefix=add_prefix("attn", prefix))
+        self.ffn_norm = RMSNorm(a.dim, eps=a.norm_eps)
+        self.gate_up_proj = MergedColumnParallelLinear(a.dim, [a.ffn_dim] * 2, bias=False, quant_config=qc,
                                                        prefix=add_prefix("gate_up_proj", prefix))
-        self.down_proj = RowParallelLinear(a.ffn_dim, a.dim, bias=False, reduce_results=True,
-                                           quant_config=quant_config, prefix=add_prefix("down_proj", prefix))
+        self.down_proj = RowParallelLinear(a.ffn_dim, a.dim, bias=False, reduce_results=True, quant_config=qc,
+                                           prefix=add_prefix("down_proj", prefix))
         self.act = SiluAndMul()
 
-    def forward(self, h: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_up_proj(h)[0]))[0]
+    def paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
+        """SGLang's attention of every row of the batch (it writes k / v at ``out_cache_loc``): -> [N, Hq*D]."""
+        return self.attn(q, k, v, fb)
 
 
-class DiffusionAttention(nn.Module):
-    """Bidirectional attention over [paged prefix K/V ; the block] (``ENCODER_ONLY``)."""
-
-    def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
-        super().__init__()
-        tp = get_parallel().attn_tp_size
-        self.heads = self.n_heads, self.n_kv, self.head_dim = rank_heads(a, tp, "--tp-size")  # LayerOps: (Hq, Hkv, D)
-        self.q_size, self.kv_size = self.n_heads * a.head_dim, self.n_kv * a.head_dim
-        self.reduce = attn_tp_all_reduce if tp > 1 else None  # LayerOps.reduce: a pick's sums over every rank's heads
-        self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
-                                          quant_config=quant_config, prefix=add_prefix("qkv_proj", prefix),
-                                          parallel_group="attn_tp")
-        self.o_proj = RowParallelLinear(a.n_heads * a.head_dim, a.dim, bias=False, reduce_results=True,
-                                        quant_config=quant_config, prefix=add_prefix("o_proj", prefix),
-                                        parallel_group="attn_tp")
-        self.rotary_emb = get_rope(a.head_dim, rotary_dim=a.head_dim, max_position=a.max_seq_len,
-                                   base=a.rope_theta)
-        self.attn = RadixAttention(self.n_heads, a.head_dim, a.head_dim ** -0.5, num_kv_heads=self.n_kv,
-                                   layer_id=layer_id, attn_type=AttentionType.ENCODER_ONLY,
-                                   prefix=add_prefix("attn", prefix))
-
-    def qkv(self, positions: torch.Tensor, h: torch.Tensor):
-        """Normed h [N, d] -> q [N, Hq*D], k [N, Hkv*D] (RoPE applied), v [N, Hkv*D]."""
-        qkv, _ = self.qkv_proj(h)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        return q, k, v
-
-    def value(self, h: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): normed h [N, d] -> [N, Hkv*D]."""
-        return packed_value(h, self.qkv_proj, self.q_size + self.kv_size, self.q_size + 2 * self.kv_size)
-
-    def forward(self, q, k, v, forward_batch: ForwardBatch) -> torch.Tensor:
-        """Attention (writes k/v into the paged cache at ``out_cache_loc``) + output projection."""
-        return self.o_proj(self.attn(q, k, v, forward_batch))[0]
-
-
-class DiffusionLayer(nn.Module):
-    """Pre-norm block: out = x + attn(norm(x)) + ffn(norm(x + attn))."""
-
-    def __init__(self, a: ModelArgs, layer_id: int, quant_config=None, prefix: str = ""):
-        super().__init__()
-        self.layer_id = layer_id
-        self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
-        self.self_attn = DiffusionAttention(a, layer_id, quant_config, add_prefix("self_attn", prefix))
-        self.ffn_norm = RMSNorm(a.dim, eps=a.norm_eps)
-        self.mlp = DiffusionMLP(a, quant_config, add_prefix("mlp", prefix))
-
-    def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        return self.mlp(self.ffn_norm(h))
-
-    def ops(self, fb: ForwardBatch) -> SimpleNamespace:
-        """This layer as dllm_core's ``LayerOps`` (flat token rows, pre-norm x) for one forward batch."""
-        att = self.self_attn
-
-        def attend(q, k, v, rows):  # SGLang's kernels take the block whole: the other queries are dropped
-            full = q.new_zeros(k.shape[0], q.shape[-1]).index_copy_(0, rows, q)
-            return att.o_proj(att.attn(full, k, v, fb).view(k.shape[0], -1)[rows])[0]
-
-        return SimpleNamespace(qkv=lambda x, pos: att.qkv(pos, self.attn_norm(x)), heads=att.heads,
-                               value=lambda x: att.value(self.attn_norm(x)), attend=attend, ffn=self.ffn,
-                               reduce=att.reduce)
-
-    def forward(self, positions, x, forward_batch: ForwardBatch) -> torch.Tensor:
-        h = x + self.self_attn(*self.self_attn.qkv(positions, self.attn_norm(x)), forward_batch)
-        return h + self.ffn(h)
-
-
-# a layer's (packed) linear -> its submodule here
-WHERE = {"qkv_proj": "self_attn.qkv_proj", "o_proj": "self_attn.o_proj", "gate_up_proj": "mlp.gate_up_proj",
-         "down_proj": "mlp.down_proj"}
+PACKED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the projections BitsAndBytes quantizes
 SHARDS = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> BitsAndBytes' shard index
 
 
@@ -178,7 +121,7 @@ class DiffusionLMForSGLang(nn.Module):
         out = {}
         for hf, native in self.core_cls.from_hf_map(self.args).items():
             target, shard = self.sglang_name(native)
-            if target.split(".")[-2] in WHERE:
+            if target.split(".")[-2] in PACKED:
                 out[hf.removesuffix("weight") + "q"] = (target.removesuffix("weight"), SHARDS.get(shard, shard or 0))
         return out
 
@@ -186,30 +129,12 @@ class DiffusionLMForSGLang(nn.Module):
     def default_bitsandbytes_target_modules(self) -> list[str]:
         return [name[:-1] for name in self.bitsandbytes_stacked_params_mapping]  # "X." of each "X.weight"
 
-    @staticmethod
-    def sglang_name(name: str) -> tuple[str, object]:
-        """dllm_core parameter name -> (this model's parameter name, shard id or None)."""
-        return packed_name(name, WHERE)
+    sglang_name = staticmethod(packed_name)  # dllm_core parameter name -> (this model's name, shard id or None)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """HF checkpoint tensors (LLaDA / Dream key names) through each parameter's ``weight_loader`` (TP sharding)."""
-        params, loaded = dict(self.named_parameters()), set()
         weights = ((n[:-8] + ".weight" if n.endswith(".qweight") else n, w) for n, w in weights)  # BitsAndBytes
-        for name, w in self.core_cls.native_weights(self.args, weights, type(self).__name__):
-            if name == "embed.weight" and self.args.tied_embeddings:
-                self._load(params["lm_head.weight"], w, None)
-                loaded.add("lm_head.weight")
-            target, shard = self.sglang_name(name)
-            self._load(params[target], w, shard)
-            loaded.add(target)
-        missing = sorted(set(params) - loaded)
-        if missing:
-            raise ValueError(f"{type(self).__name__}: checkpoint lacks {missing[:5]}")
-        return loaded
-
-    @staticmethod
-    def _load(param, w, shard) -> None:
-        getattr(param, "weight_loader", default_weight_loader)(param, w, *(() if shard is None else (shard,)))
+        return load_host_weights(self, self.core_cls, weights, default_weight_loader)
 
 
 class LLaDAModelLM(DiffusionLMForSGLang):  # LLaDA-8B Base / Instruct / 1.5 (logits not shifted)

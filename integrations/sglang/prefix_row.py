@@ -67,8 +67,7 @@ class PrefixRows:
         p, req, x = torch.tensor(pos, device=ids.device), torch.tensor(slots, device=ids.device), self.model.embed(ids)
         kv_len = [i + 1 for i in pos]
         for layer in self.model.layers:
-            att = layer.self_attn
-            x = x + att.o_proj(pool_attention(att.qkv(p, layer.attn_norm(x))[0], req, kv_len, att.attn))[0]
+            x = x + layer.o_proj(pool_attention(layer.qkv(x, p)[0], req, kv_len, layer.attn))[0]
             x = x + layer.ffn(x)
         self.h[req] = x
 

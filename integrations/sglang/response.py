@@ -7,8 +7,6 @@ blocks; ``ResponseForward`` (model side) runs the planned packed rows through SG
 from __future__ import annotations
 
 import logging
-from types import SimpleNamespace
-
 import numpy as np
 import torch
 
@@ -121,9 +119,8 @@ class ResponseHost(SlotsHost):
         if getattr(model, "response_forward", None) is None:
             raise ValueError(f"cache {self.policy.name} needs a dllm-serve model class (LLaDAModelLM, DreamModel), "
                              f"got {type(model).__name__}")
-        att = model.layers[0].self_attn
         return ResponseLifecycle(self.L, self.mask_id, device, self.opts.decode.seed,
-                                    (len(model.layers), att.n_kv * att.head_dim, model.args.dim, model.embed.weight))
+                                 (len(model.layers), model.layers[0].kv_size, model.args.dim, model.embed.weight))
 
     def release(self, slot: int) -> None:
         self.lc.release(slot)
@@ -171,14 +168,12 @@ class ResponseForward:
             h[out] = m.norm(x[src])
         return m.logits_processor(input_ids, h, m.lm_head, fb)
 
-    def ops(self, i: int, step) -> SimpleNamespace:
+    def ops(self, i: int, step):
         """Layer i as the core's ``LayerOps`` over the packed rows (attention: the core's, per request)."""
         layer = self.model.layers[i]
-        att = layer.self_attn
-        return SimpleNamespace(qkv=lambda h, p: att.qkv(p, layer.attn_norm(h)), heads=att.heads, reduce=att.reduce,
-                               value=lambda h: att.value(layer.attn_norm(h)), ffn=layer.ffn,
-                               attend=lambda q, k, v, rows: att.o_proj(step.attention(
-                                   q, k, v, rows, att.n_heads, att.n_kv, att.attn.scaling))[0])
+        Hq, Hkv, _ = layer.heads
+        return layer.ops(attend=lambda q, k, v, rows: layer.o_proj(step.attention(q, k, v, rows, Hq, Hkv,
+                                                                                 layer.attn.scaling))[0])
 
     def prompt_kv(self, plan):
         """-> ``prompt_kv(i, k, v)``: the prompts' K / V of layer i into SGLang's pool, at their slots."""
@@ -186,8 +181,9 @@ class ResponseForward:
         loc = torch.cat([r2t[r.resp.slot, :r.resp.P].long() for r in plan.rows if r is not None])
 
         def write(i: int, k: torch.Tensor, v: torch.Tensor) -> None:
-            att = self.model.layers[i].self_attn
-            pool.set_kv_buffer(att.attn, loc, k.view(-1, att.n_kv, att.head_dim), v.view(-1, att.n_kv, att.head_dim))
+            layer = self.model.layers[i]
+            _, Hkv, D = layer.heads
+            pool.set_kv_buffer(layer.attn, loc, k.view(-1, Hkv, D), v.view(-1, Hkv, D))
         return write
 
 

@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from dllm_core.models import DreamModel, LLaDAModelLM
-from dllm_core.models.host_layers import packed_name, packed_value, rank_heads
+from dllm_core.models.host_layers import HostBlock, load_host_weights, rank_heads
 
 from vllm.config import VllmConfig
 from vllm.distributed import get_tensor_model_parallel_world_size, tensor_model_parallel_all_reduce
@@ -27,14 +27,14 @@ from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, 
 from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
 
-class DiffusionBlock(nn.Module):
-    """Pre-norm bidirectional attention + SwiGLU, as dllm_core's ``Block`` (same parameter names)."""
+class DiffusionBlock(HostBlock, nn.Module):
+    """Pre-norm bidirectional attention + SwiGLU in vLLM's layers, as dllm_core's ``Block`` (same parameter names;
+    the core's ``LayerOps`` from ``HostBlock``)."""
 
     def __init__(self, a, cache_config, quant_config, prefix: str):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
-        self.heads = self.n_heads, self.n_kv, self.head_dim = rank_heads(a, tp, "--tensor-parallel-size")
-        self.q_size, self.kv_size = self.n_heads * self.head_dim, self.n_kv * self.head_dim
+        self.heads = Hq, Hkv, _ = rank_heads(a, tp, "--tensor-parallel-size")
         if tp > 1:  # LayerOps.reduce: a pick's sums over every rank's heads (the core's rank-consistent picks)
             self.reduce = tensor_model_parallel_all_reduce
         self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
@@ -44,8 +44,8 @@ class DiffusionBlock(nn.Module):
                                         prefix=f"{prefix}.o_proj")
         self.rotary_emb = get_rope(a.head_dim, max_position=a.max_seq_len, is_neox_style=True,
                                    rope_parameters={"rope_type": "default", "rope_theta": a.rope_theta})
-        self.attn = Attention(self.n_heads, a.head_dim, a.head_dim ** -0.5, num_kv_heads=self.n_kv,
-                              cache_config=cache_config, quant_config=quant_config, prefix=f"{prefix}.attn")
+        self.attn = Attention(Hq, a.head_dim, a.head_dim ** -0.5, num_kv_heads=Hkv, cache_config=cache_config,
+                              quant_config=quant_config, prefix=f"{prefix}.attn")
         self.ffn_norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.gate_up_proj = MergedColumnParallelLinear(a.dim, [a.ffn_dim] * 2, bias=False, quant_config=quant_config,
                                                        prefix=f"{prefix}.gate_up_proj")
@@ -53,36 +53,9 @@ class DiffusionBlock(nn.Module):
                                            prefix=f"{prefix}.down_proj")
         self.act = SiluAndMul()
 
-    # ---- the layer as dllm_core's ``LayerOps`` (flat token rows, pre-norm input) ------------------
-    def qkv(self, x: torch.Tensor, positions: torch.Tensor):
-        """x [n, d] -> q [n, q_size], k / v [n, kv_size] with RoPE on q, k."""
-        qkv, _ = self.qkv_proj(self.attn_norm(x))
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q, k = self.rotary_emb(positions, q, k)
-        return q, k, v
-
-    def value(self, x: torch.Tensor) -> torch.Tensor:
-        """The V projection alone (dLLM-Cache's V-verify): x [n, d] -> [n, kv_size]."""
-        lo = self.q_size + self.kv_size
-        return packed_value(self.attn_norm(x), self.qkv_proj, lo, lo + self.kv_size)
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
-        """q [n, q_size] of token rows ``rows``; k / v [N, kv_size] of every token of the step (the
-        paged attention writes them) -> o_proj output [n, d]."""
-        full = q.new_zeros(k.shape[0], self.q_size).index_copy_(0, rows, q)
-        out, _ = self.o_proj(self.attn(full, k, v)[rows])
-        return out
-
-    def ffn(self, h: torch.Tensor) -> torch.Tensor:
-        gu, _ = self.gate_up_proj(self.ffn_norm(h))
-        out, _ = self.down_proj(self.act(gu))
-        return out
-
-    def forward(self, positions: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-        """Every row recomputed: x [N, d] -> [N, d]."""
-        a, _ = self.o_proj(self.attn(*self.qkv(x, positions)))
-        h = x + a
-        return h + self.ffn(h)
+    def paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """vLLM's paged attention of every row of the step (it writes k / v): -> [N, Hq*D]."""
+        return self.attn(q, k, v)
 
 
 @contextmanager
@@ -167,15 +140,7 @@ class DllmForDiffusion(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load the checkpoint with its real HF key names (mapped through dllm_core's table)."""
-        params = dict(self.named_parameters())
-        loaded = set()
-        for native, w in self.native.native_weights(self.args, weights, type(self).__name__):
-            target, shard = packed_name(native)
-            param = params[target]
-            loader = getattr(param, "weight_loader", default_weight_loader)
-            loader(param, w) if shard is None else loader(param, w, shard)
-            loaded.add(target)
-        return loaded
+        return load_host_weights(self, self.native, weights, default_weight_loader)
 
 
 class LLaDAForDiffusion(DllmForDiffusion):
