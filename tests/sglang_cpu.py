@@ -168,7 +168,7 @@ class BlockDriver:
         from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
         from sglang.srt.sampling.sampling_params import SamplingParams
 
-        from integrations.sglang.plugin import add_last_prefix_ids, add_request_info
+        from integrations.sglang.plugin import add_request_info
 
         B, L, r2t = len(rows), self.L, self.runner.req_to_token_pool.req_to_token
         starts = [r.kv_len for r in rows]
@@ -191,7 +191,6 @@ class BlockDriver:
                                                                                        **r.sampling))
                 for r, s in zip(rows, starts)]
         sb = SimpleNamespace(dllm_config=True, reqs=reqs)
-        add_last_prefix_ids(fb, ForwardBatch, sb, self.runner)
         add_request_info(fb, ForwardBatch, sb, self.runner)
         return fb
 

@@ -11,7 +11,6 @@ import textwrap
 from types import SimpleNamespace
 
 import pytest
-import torch
 
 pytest.importorskip("sglang.srt.dllm.algorithm")
 
@@ -19,10 +18,8 @@ from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from sglang.srt.arg_groups.overrides import resolving_view  # noqa: E402
 from sglang.srt.dllm.algorithm import algo_name_to_cls, get_algorithm  # noqa: E402
 from sglang.srt.dllm.config import DllmConfig  # noqa: E402
-from integrations.sglang.plugin import add_last_prefix_ids  # noqa: E402
-from integrations.sglang.prefix_row import PrefixRows  # noqa: E402
+from integrations.sglang.prefix_row import last_prefix_ids  # noqa: E402
 from sglang.srt.model_executor.cuda_graph_config import Backend  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
 from sglang.srt.plugins import load_plugins  # noqa: E402
 from sglang.srt.server_args import ServerArgs  # noqa: E402
 
@@ -187,23 +184,11 @@ def test_dllm_cache_refusals(ckpt, tmp_path):
         algo_name_to_cls["SlowFast"].configure_server_args(ServerArgs(model_path=str(qwen), **args))
 
 
-def test_last_prefix_ids_hook():
-    """The ForwardBatch hook hands Dream's model the token before each block (0 at position 0),
-    with the batch's slots; other models and forward modes are left alone."""
+def test_last_prefix_ids_come_from_the_batchs_requests():
+    """Dream's model reads the token before each block from the batch's ``Req``s (the plugin's
+    ``ForwardBatch.init_new`` hook hands them over): position ``dllm_block_offset - 1`` of the fill ids."""
     reqs = [SimpleNamespace(dllm_block_offset=o, full_untruncated_fill_ids=list(range(100, 140))) for o in (0, 8, 32)]
-    batch = SimpleNamespace(dllm_config=object(), reqs=reqs)
-
-    def fb(mode):
-        return SimpleNamespace(forward_mode=mode, req_pool_indices=torch.tensor([5, 2, 7]))
-
-    dream = SimpleNamespace(model=SimpleNamespace(prefix_rows=PrefixRows(None)), device="cpu")
-    add_last_prefix_ids(fb(ForwardMode.EXTEND), None, batch, dream)
-    assert dream.model.prefix_rows.pending is None
-    add_last_prefix_ids(fb(ForwardMode.DLLM_EXTEND), None, batch, dream)
-    slots, ids = dream.model.prefix_rows.pending
-    assert (slots, ids.tolist()) == ([5, 2, 7], [0, 107, 131])
-    llada = SimpleNamespace(model=SimpleNamespace(prefix_rows=None), device="cpu")
-    assert add_last_prefix_ids(fb(ForwardMode.DLLM_EXTEND), None, batch, llada).forward_mode == ForwardMode.DLLM_EXTEND
+    assert last_prefix_ids(reqs, [1, 2]) == [107, 131]
 
 
 def test_admission_names_what_a_diffusion_decode_does_not_do():

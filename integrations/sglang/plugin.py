@@ -30,7 +30,7 @@ def register() -> None:
     init_new = "sglang.srt.model_executor.forward_batch_info.ForwardBatch.init_new"
     hooks = [("sglang.srt.dllm.config.DllmConfig.from_server_args", dllm_config, HookType.AROUND),
              ("sglang.srt.model_loader.utils.get_model_architecture", register_models, HookType.BEFORE),
-             (init_new, add_last_prefix_ids, HookType.AFTER), (init_new, add_request_info, HookType.AFTER),
+             (init_new, add_request_info, HookType.AFTER),
              ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER),
              (EMBEDS_HOOK, embeds_in_runner_dtype, HookType.AFTER),
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
@@ -109,24 +109,10 @@ def dllm_config(original, server_args):
                                    and algorithm_config.get("capture_input_preparation", True)))
 
 
-def add_last_prefix_ids(forward_batch, cls, batch, model_runner, *args, **kwargs):
-    """AFTER ``ForwardBatch.init_new``: hand a model that asks for it (Dream) the token at
-    position block_offset - 1 of each request (0 where the block starts the sequence)."""
-    rows = getattr(getattr(model_runner, "model", None), "prefix_rows", None)
-    if rows is None or batch.dllm_config is None or not forward_batch.forward_mode.is_dllm_extend():
-        return forward_batch
-    import torch
-
-    ids = [int(r.full_untruncated_fill_ids[r.dllm_block_offset - 1]) if r.dllm_block_offset > 0 else 0
-           for r in batch.reqs]
-    rows.expect(forward_batch.req_pool_indices.tolist(),
-                torch.tensor(ids, dtype=torch.long).to(model_runner.device, non_blocking=True))
-    return forward_batch
-
-
 def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
     """AFTER ``ForwardBatch.init_new``: hand the algorithms (and a dllm-serve model) the batch's ``Req``s
-    (references, no copies): a request's prompt ids and ``max_new_tokens`` (its response, its steps per block)."""
+    (references, no copies): a request's prompt ids and ``max_new_tokens`` (its response, its steps per block), and
+    for Dream the token before its block."""
     if batch.dllm_config is None or not forward_batch.forward_mode.is_dllm_extend():
         return forward_batch
     from .response import BATCH

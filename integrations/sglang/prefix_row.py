@@ -1,6 +1,7 @@
 """Dream's shifted logits in SGLang's block forward: block position 0 (at s) is predicted from position s - 1's
 final hidden state, recomputed once per block from the paged K/V of [0, s) and kept per request slot (as the core's
-``CanvasCache``); the token at s - 1: the plugin's ``ForwardBatch.init_new`` hook (``patches/sglang``)."""
+``CanvasCache``); the token at s - 1 from the batch's ``Req``s (``response.BATCH``, the plugin's ``ForwardBatch.init_new``
+hook; ``patches/sglang``)."""
 from __future__ import annotations
 
 import torch
@@ -10,6 +11,8 @@ from dllm_core.models import shift_right
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
 from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+
+from .response import BATCH
 
 def pool_attention(q: torch.Tensor, req_idx: torch.Tensor, kv_len: list[int], attn) -> torch.Tensor:
     """One query per request over its paged K/V [0, kv_len): q [n, Hq*D] -> [n, Hq*D]."""
@@ -26,6 +29,11 @@ def pool_attention(q: torch.Tensor, req_idx: torch.Tensor, kv_len: list[int], at
     return o.flatten(1)
 
 
+def last_prefix_ids(reqs: list, rows: list[int]) -> list[int]:
+    """The token at position s - 1 of each request ``reqs[b]`` (b in ``rows``) whose block starts at s > 0."""
+    return [int(reqs[b].full_untruncated_fill_ids[reqs[b].dllm_block_offset - 1]) for b in rows]
+
+
 class PrefixRows:
     """Final hidden state of each request's last prefix position, per request slot."""
 
@@ -33,11 +41,6 @@ class PrefixRows:
         self.model = model
         self.h: torch.Tensor | None = None  # [S, d]
         self.tag: torch.Tensor | None = None  # [S, 2] (position, slot generation), CPU
-        self.pending: tuple[list[int], torch.Tensor] | None = None  # (slots, last prefix token ids [B])
-
-    def expect(self, slots: list[int], ids: torch.Tensor) -> None:
-        """The next forward's request slots and the token id at each one's position s - 1."""
-        self.pending = (list(slots), ids)
 
     def rows(self, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor | None:
         """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0); None outside a dLLM block forward."""
@@ -52,11 +55,9 @@ class PrefixRows:
         gens = pool.req_generation[slots].tolist()
         need = [b for b in range(B) if starts[b] > 0 and self.tag[slots[b]].tolist() != [starts[b] - 1, gens[b]]]
         if need:
-            if self.pending is None or self.pending[0] != slots:
-                raise RuntimeError("DreamModel: no last-prefix token ids for this batch; the dllm-serve SGLang "
-                                   "plugin's ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow "
-                                   "'dllm')")
-            self._recompute(self.pending[1][need], [starts[b] - 1 for b in need], [slots[b] for b in need])
+            ids = last_prefix_ids(BATCH.requests(slots), need)
+            self._recompute(torch.tensor(ids, device=positions.device), [starts[b] - 1 for b in need],
+                            [slots[b] for b in need])
             for b in need:
                 self.tag[slots[b]] = torch.tensor([starts[b] - 1, gens[b]])
         h = self.h[fb.req_pool_indices.long()]
