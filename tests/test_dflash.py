@@ -635,6 +635,14 @@ def test_adaptive_length_stops_asking_for_a_length_its_host_never_times():
     assert 0 < chosen.count(8) <= 3 * 6 and chosen[-50:].count(4) >= 45
 
 
+def test_adaptive_length_with_nothing_measured_and_nothing_left_to_ask_decodes_plainly():
+    """A bucket whose lengths its host never times (SGLang times no step that follows a prefill): once each is asked
+    its 6 times, the policy decodes plainly (was: ``max()`` of no rates, which stopped a server held at k = 0)."""
+    for candidates in ((0,), (0, 1, 2)):
+        policy = AdaptiveDraft(2, candidates=candidates).new()
+        assert [policy.choose(64) for _ in range(40)][-20:] == [0] * 20
+
+
 def wave(policy, p: float, seed: int, k: int | None = None) -> float:
     """Seconds for 64 answers of 16-24 tokens (``seed``'s) decoded together (the batch shrinks as they end) with
     per-draft acceptance ``p`` on ``cpu_like`` steps: at the policy's lengths, or at ``k`` drafts each step."""

@@ -196,6 +196,8 @@ class DraftLength:
             if short and (k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) \
                     and self.ask(b, k, n):
                 return k
+        if not rates:  # nothing measured in the bucket, nothing left to ask: plain decoding (held at k = 0: always)
+            return 0
         best = max(rates, key=rates.get)
         if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
