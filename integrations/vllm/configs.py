@@ -10,7 +10,7 @@ from dllm_core.models import hf_config
 logger = logging.getLogger(__name__)
 
 BLOCK = 32  # a canvas spans whole blocks of the default block length
-VALIDATOR = "integrations.vllm.options:DllmRequestValidator"
+VALIDATOR = "integrations.vllm.sampler:DllmRequestValidator"
 
 
 class LLaDAConfig(hf_config.LLaDAConfig):

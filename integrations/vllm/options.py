@@ -1,7 +1,7 @@
 """dLLM options in vLLM's vocabulary: server-wide ``--additional-config '{"dllm": {...}}'`` and per request
 ``SamplingParams.extra_args`` (HTTP ``vllm_xargs``) keys ``dllm_<option>``: dllm_core ``DecodeOptions`` (one
 builder, each distinct request mapping parsed once) checked by the core's ``Served`` rules; the admission check
-that makes a bad request an HTTP 400 (``DllmRequestValidator``).
+that makes a bad request an HTTP 400 (``validate_request``, run by ``sampler.DllmRequestValidator``).
 """
 from __future__ import annotations
 
@@ -86,31 +86,3 @@ def validate_request(sampling_params, defaults: DecodeOptions | None = None) -> 
     if k is not None and not 0 <= k <= MAX_LOGPROBS:
         raise ValueError(f"logprobs: {k} top alternatives asked; allowed: 0 to {MAX_LOGPROBS} for diffusion models "
                          f"served by the dllm adapter")
-
-
-def _validator_cls():
-    from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
-
-    class DllmRequestValidator(LogitsProcessor):
-        """Admission-time validation of ``dllm_*`` extra_args (vLLM calls ``validate_params`` in the
-        frontend). It never edits logits: the dllm sampler replaces vLLM's sampler."""
-
-        @classmethod
-        def validate_params(cls, sampling_params) -> None:
-            validate_request(sampling_params)
-
-        def add_request(self, req_idx, sampling_params) -> bool:
-            return False
-
-        def apply(self, logits, ctx):
-            return logits
-
-    return DllmRequestValidator
-
-
-def __getattr__(name):  # lazy, so dllm_core users need no vLLM
-    if name == "DllmRequestValidator":
-        cls = _validator_cls()
-        globals()[name] = cls
-        return cls
-    raise AttributeError(name)

@@ -11,7 +11,10 @@ import torch
 from dllm_core.engine.lifecycle import CanvasLifecycle
 
 from vllm.v1.outputs import LogprobsTensors
+from vllm.v1.worker.gpu.sample.logits_processor.interface import LogitsProcessor
 from vllm.v1.worker.gpu.sample.output import SamplerOutput
+
+from .options import validate_request
 
 _NO_PENALTIES = SimpleNamespace(output_bin_counts=None)
 
@@ -80,3 +83,18 @@ class DllmSampler:
         vals = torch.cat([lp.token[:, :, None], lp.top], -1)[keep]
         return LogprobsTensors(ids.to(torch.int32), vals, lp.rank[keep].to(torch.int32),
                                [0, *np.cumsum(counts).tolist()])
+
+
+class DllmRequestValidator(LogitsProcessor):
+    """Admission-time validation of ``dllm_*`` extra_args (vLLM calls ``validate_params`` in the frontend). It never
+    edits logits: the dllm sampler replaces vLLM's sampler."""
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        validate_request(sampling_params)
+
+    def add_request(self, req_idx, sampling_params) -> bool:
+        return False
+
+    def apply(self, logits, ctx):
+        return logits
