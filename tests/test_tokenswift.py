@@ -527,3 +527,15 @@ def test_embedded_loop_vllm_and_sglang_draft_the_same(target, heads, tmp_path, m
         steps += 1
         extended += tree.size > 1 + heads.cfg.num_heads  # n-grams or more head paths branched off
     assert steps > 5 and extended == steps and proposer.stats["from_heads"] == steps
+
+
+def test_row_at_finds_a_requests_position_in_a_hosts_flat_rows():
+    """A host forward's rows of two requests (positions 5-7 and 0-1): the row at a position the forward ran, None
+    for one it did not run or a request row it did not hold."""
+    from dllm_core.drafters.tokenswift.drafter import row_at
+
+    hidden, positions, qsl = torch.arange(5.0)[:, None], torch.tensor([5, 6, 7, 0, 1]), torch.tensor([0, 3, 5])
+    assert [float(row_at(hidden, positions, qsl, 0, p)) for p in (5, 7)] == [0.0, 2.0]
+    assert float(row_at(hidden, positions, qsl, 1, 1)) == 4.0
+    assert row_at(hidden, positions, qsl, 0, 4) is None and row_at(hidden, positions, qsl, 1, 2) is None
+    assert row_at(hidden, positions, qsl, 2, 0) is None

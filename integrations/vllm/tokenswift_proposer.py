@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from dllm_core.drafters.tokenswift.config import DraftOptions
-from dllm_core.drafters.tokenswift.drafter import TokenSwiftDrafter
+from dllm_core.drafters.tokenswift.drafter import TokenSwiftDrafter, row_at
 
 KEY = "tokenswift"
 
@@ -67,26 +67,11 @@ class TokenSwiftProposer:
             return
         self._captured = (output.detach(), positions.detach().flatten(), qsl.detach().to("cpu"))
 
-    def _h0(self, row: int, n: int) -> torch.Tensor | None:
-        """Hidden state of the newest forward at position n-2 of batch row ``row`` (it produced token n-1)."""
-        if self._captured is None:
-            return None
-        hidden, positions, qsl = self._captured
-        if row + 1 >= qsl.numel():
-            return None
-        lo, hi = int(qsl[row]), int(qsl[row + 1])
-        if hi <= lo:
-            return None
-        i = lo + (n - 2) - int(positions[lo])
-        if not lo <= i < hi or int(positions[i]) != n - 2:
-            return None
-        return hidden[i]
-
     # --- drafting ------------------------------------------------------------------------------------------
     def _draft(self, row: int, tokens, k: int) -> list[int]:
         h0 = None
         if self.heads is not None:
-            h0 = self._h0(row, len(tokens))
+            h0 = None if self._captured is None else row_at(*self._captured, row, len(tokens) - 2)  # -> token n-1
             self.stats["no_hidden" if h0 is None else "from_heads"] += 1
         return self.drafter.chain(row, tokens, k, h0)
 

@@ -25,6 +25,15 @@ from .tree import Tree, build_tree, main_branch
 IDENTITY = 16  # first tokens of a request remembered to tell it from the next request under the same key
 
 
+def row_at(hidden: torch.Tensor, positions: torch.Tensor, qsl: torch.Tensor, row: int, pos: int) -> torch.Tensor | None:
+    """[H]: a host forward's row at position ``pos`` of its request row ``row`` (its flat rows: ``hidden`` [T, H] at
+    ``positions`` [T], request row r over [qsl[r], qsl[r + 1]), positions in order); None where it did not run it."""
+    if row + 1 >= qsl.numel() or int(qsl[row + 1]) <= (lo := int(qsl[row])):
+        return None
+    i = lo + pos - int(positions[lo])
+    return hidden[i] if lo <= i < int(qsl[row + 1]) and int(positions[i]) == pos else None
+
+
 class RequestDrafter:
     """One request's drafting state (n-gram table, last tree, h0 bookkeeping) and its trees."""
 
