@@ -89,7 +89,7 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case):
         c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                 cache=cache)).counters
         rid = algo.whole.responses[row.slot].rid
-        assert algo.whole.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
+        assert algo.whole.core.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
                                        "full_token_layers": c.full_token_layers}, p
         assert c.token_layers < c.full_token_layers
 

@@ -125,7 +125,7 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
     run's with the same policy: one forward per step of its canvas, the rows each step recomputed x
     n_layers, and (P + G) x n_layers per step for the uncached baseline. SGLang's prompt-prefill forwards
     and the forwards after a response is decoded run no layer for it and are not counted (the first
-    refresh recomputes the prompt), so no term differs. Read by request id (``ResponseHost.work``,
+    refresh recomputes the prompt), so no term differs. Read by request id (the core's ``ResponseSlots.work``,
     ``finished_work``) once decoded; four concurrent prompts, sync (prefix) and FDFO (dual)."""
     sg, ref = models[arch]
     cls, cfg, spec, steps, cache, fdfo = CASES[case]
@@ -136,13 +136,13 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
         driver.generate(PROMPTS, GEN, mask)
     host = algo.whole
     rids = [host.responses[row.slot].rid for row in driver.rows]
-    assert sorted(host.finished_work) == sorted(rids) and len(set(rids)) == len(PROMPTS)
+    assert sorted(host.core.finished_work) == sorted(rids) and len(set(rids)) == len(PROMPTS)
     assert all(f"request {rid} decoded: " in caplog.text for rid in rids)  # the debug line per response
     for p, rid in zip(PROMPTS, rids):
         c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                 cache=cache)).counters
         want = {"forwards": c.forwards, "token_layers": c.token_layers, "full_token_layers": c.full_token_layers}
-        assert host.work(rid) == host.finished_work[rid] == want, p
+        assert host.core.work(rid) == host.core.finished_work[rid] == want, p
         assert c.token_layers < c.full_token_layers  # the cache is live
 
 

@@ -59,15 +59,6 @@ class SlotsHost:
     def core(self) -> ResponseSlots | None:
         return None if self.lc is None else self.lc.slots
 
-    @property
-    def finished_work(self) -> dict[str, dict]:
-        return {} if self.core is None else self.core.finished_work
-
-    def work(self, rid: str) -> dict[str, int] | None:
-        """A request's work in the embedded engine's ``Counters`` units (``forwards``, ``token_layers``,
-        ``full_token_layers``): in flight, or one of the last finished; None if unknown."""
-        return None if self.core is None else self.core.work(rid)
-
     def bind(self, model_runner, fb: ForwardBatch) -> list | None:
         """Admit the batch's new requests; -> the batch's ``Req``s (None when not needed)."""
         slots, model = fb.req_pool_indices.tolist(), model_runner.model
