@@ -23,7 +23,7 @@ def register() -> None:
     from .response import report_logprobs
     from .configs import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
-    from .spec import adaptive_worker
+    from .spec import PREPARE_HOOK, adaptive_worker, prepare_decode
 
     register_configs()
     algo_name_to_cls.update((cls.__name__, cls) for cls in ALGORITHMS)
@@ -37,6 +37,7 @@ def register() -> None:
               HookType.AFTER),
              (ADMISSION_HOOK, validate_request, HookType.AFTER),
              ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER),
+             (PREPARE_HOOK, prepare_decode, HookType.AROUND),
              (GRAPHS_HOOK, plain_forwards_only, HookType.AROUND), (STREAM_HOOK, report_logprobs, HookType.BEFORE)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):

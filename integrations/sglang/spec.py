@@ -41,6 +41,44 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
         vars(worker).update(kept)
 
 
+PREPARE_HOOK = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
+# SGLang's functions an adaptive DFLASH worker overrides or wraps (their signatures: test_sglang_server_spec.py)
+OVERRIDES = (PREPARE_HOOK, "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
+             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.on_verify_complete_cpu")
+ADAPTIVE: list = []  # the adaptive DFLASH worker of this scheduler process (one at most), deciding its decode steps
+
+
+def prepare_decode(original, draft_input, batch):
+    """AROUND ``DFlashDraftInputV2.prepare_for_decode`` (which reserves 2 verify blocks of KV per request at every
+    step: a result may still be in flight): an adaptive worker's draft length is chosen here, before the forward
+    (``draft_input.dllm_k``), and a step without drafts reserves what a plain step needs: the in-flight step's
+    width and its own token."""
+    worker = ADAPTIVE[0] if ADAPTIVE else None
+    if worker is None or not batch.reqs:
+        return original(draft_input, batch)
+    draft_input.dllm_k = k = worker.dllm_clock.dispatched(len(batch.reqs), batch.reqs)
+    if k:
+        return original(draft_input, batch)
+    from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
+
+    batch.maybe_evict_swa()
+    reqs, page = batch.reqs, batch.token_to_kv_pool_allocator.page_size
+    committed = torch.tensor([r.kv.kv_committed_len for r in reqs])
+    cur = torch.tensor([r.kv.kv_allocated_len for r in reqs], dtype=torch.int32)
+    nxt = torch.maximum(cur, (committed + worker.dllm_width + 1 + page - 1) // page * page).int()
+    alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs,
+                          req_pool_indices=batch.req_pool_indices, cur_kv_lens=cur.to(batch.device),
+                          cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device), nxt_kv_lens_cpu=nxt,
+                          num_needed_tokens=int((nxt - cur).sum()), batch=batch)
+    tops = [r.sampling_params.top_k for r in reqs]
+    for r in reqs:
+        r.decode_batch_idx += 1
+    draft_input.max_top_k = max(*tops, 1)
+    draft_input.uniform_top_k_value = tops[0] if min(tops) == max(tops) else None
+    batch.seq_lens_cpu, batch.seq_lens_sum = committed, int(committed.sum())
+    draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, int(nxt.sum())
+
+
 DEFERRED_ROWS = 2048  # plain steps' drafter context held at most (rows), written at once when reached
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
 
@@ -95,13 +133,19 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                 raise ValueError("--speculative-adaptive with DFLASH: one rank (its own measured times decide) and a "
                                  "plain DFlash drafter (no selector, LiLiCorr or Domino head)")
             self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
+            self.dllm_width = self.block_size  # the last decode step's verify width (KV a plain step reserves)
+            ADAPTIVE[:] = [self]
             self.dllm_deferred: list = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
             self.dllm_deferred_rows = 0
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
-            k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens), batch.reqs)
+            k = None if prefill else vars(batch.spec_info).pop("dllm_k", None)  # chosen as its KV was reserved
+            if k is None:
+                k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens), batch.reqs)
             full, runner = self.block_size, self.draft_model_runner
+            if not prefill:
+                self.dllm_width = k + 1
             if k == 0 and not prefill and decodes_plainly(batch) and not self._need_mamba_verify_commit:
                 return self.plain_step(batch, kwargs.get("on_publish"))
             if not prefill:
