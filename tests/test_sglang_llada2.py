@@ -11,7 +11,7 @@ from dllm_core.engine import GenerationConfig, generate  # noqa: E402
 from dllm_core.engine.generate import block_causal_mask  # noqa: E402
 from dllm_core.testing import build_tiny_checkpoint  # noqa: E402
 from integrations.sglang.algorithm import DllmCore, FastDllmFactor, FastDllmThreshold, SlowFast  # noqa: E402
-from integrations.sglang.configs import register_configs  # noqa: E402
+from dllm_core.models.hf_config import register_configs  # noqa: E402
 from sglang_cpu import BlockDriver, CpuModelRunner, Row, load_sglang_model  # noqa: E402
 from sglang.srt.dllm.algorithm.joint_threshold import JointThreshold  # noqa: E402
 from sglang.srt.dllm.algorithm.low_confidence import LowConfidence  # noqa: E402

@@ -79,3 +79,15 @@ class TokenSwiftHeadsConfig(PretrainedConfig):
     def __init__(self, hidden_size=4096, vocab_size=32000, num_heads=3, **kw):
         self.hidden_size, self.vocab_size, self.num_heads = hidden_size, vocab_size, num_heads
         super().__init__(**kw)
+
+
+def register_configs(classes=None, replace: bool = False) -> None:
+    """Make ``AutoConfig`` resolve these model types locally (no remote code): ``classes`` (default: this module's
+    four). A class already registered for the type (e.g. a host adapter's subclass with its own fields, in the same
+    process) is kept unless ``replace``."""
+    from transformers import AutoConfig
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+
+    for cls in classes or (LLaDAConfig, DreamConfig, LLaDA2MoeConfig, TokenSwiftHeadsConfig):
+        if replace or cls.model_type not in CONFIG_MAPPING:
+            AutoConfig.register(cls.model_type, cls, exist_ok=True)

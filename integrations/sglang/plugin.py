@@ -21,7 +21,7 @@ def register() -> None:
     from .admission import HOOK as ADMISSION_HOOK, validate_request
     from .algorithm import ALGORITHMS, plain_forwards_only
     from .response import report_logprobs
-    from .configs import register_configs
+    from dllm_core.models.hf_config import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
     from .spec import PREPARE_HOOK, adaptive_worker, prepare_decode
 

@@ -48,11 +48,8 @@ def block_causal_size(hf) -> int | None:
 
 
 def register_configs() -> None:
-    """Make ``AutoConfig`` resolve the model types locally (no trust_remote_code)."""
-    from transformers import AutoConfig
-
-    for cls in (LLaDAConfig, DreamConfig, LLaDA2Config):
-        AutoConfig.register(cls.model_type, cls, exist_ok=True)
+    """Make ``AutoConfig`` resolve the model types locally (no trust_remote_code), with vLLM's fields."""
+    hf_config.register_configs((LLaDAConfig, DreamConfig, LLaDA2Config), replace=True)
 
 
 def config_hook():
