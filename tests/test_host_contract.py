@@ -144,3 +144,28 @@ def test_dpad_plans_keep_the_block_and_its_suffix_and_pack_them():
     assert step.rows([13, 3], 8, shift=1).tolist() == [list(range(12, 20)), list(range(28, 36))]
     with pytest.raises(ValueError, match=r"positions \[20, 28\) are not all kept"):
         step.rows([20, 3], 8)
+
+
+def test_the_adapters_import_from_the_core_only_what_the_architecture_page_lists():
+    """Every name an adapter package imports from ``dllm_core`` is named in its column of the adapter table of
+    ``docs/architecture.md`` (what an adapter uses of the core, and nothing else)."""
+    import ast
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    doc = (root / "docs" / "architecture.md").read_text()
+    table = doc[doc.index("| | vLLM (`integrations/vllm`)"):].splitlines()[2:]
+    listed = {"vllm": set(), "sglang": set()}
+    for row in table[:next(i for i, line in enumerate(table) if not line.startswith("|"))]:
+        for host, cell in zip(listed, row.split("|")[2:4]):
+            listed[host].update(w for b in re.findall(r"`([^`]+)`", cell) for w in re.findall(r"\w+", b))
+    for host, names in listed.items():
+        used = set()  # (name, file)
+        for f in (root / "integrations" / host).glob("*.py"):
+            for n in ast.walk(ast.parse(f.read_text())):
+                if isinstance(n, ast.ImportFrom) and n.level == 0 and n.module.startswith("dllm_core"):
+                    used.update((a.name, f.name) for a in n.names)
+                elif isinstance(n, ast.Import):
+                    used.update((a.name.split(".")[-1], f.name) for a in n.names if a.name.startswith("dllm_core"))
+        assert used and not {u for u in used if u[0] not in names}, (host, sorted(u for u in used if u[0] not in names))
