@@ -15,28 +15,28 @@ import torch
 __version__ = "0.0.0+dllm-serve-test-stand-in"
 
 
-def _spans(rows: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor):
-    """(row, start, end, offset into the packed locations) per request."""
-    off = 0
-    for r, s, e in zip(rows.tolist(), starts.tolist(), ends.tolist()):
-        yield r, s, e, off
-        off += max(e - s, 0)
+def _packed(rows: torch.Tensor, starts: torch.Tensor, ends: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(row, column) of each packed location [n], requests in order, request i's columns [starts[i], ends[i])
+    (vectorized: the Triton kernels' one pass, not a Python loop per request)."""
+    n = (ends.long() - starts.long()).clamp_min(0)
+    off = n.cumsum(0) - n  # each request's first packed location
+    total = int(n.sum())
+    return (torch.repeat_interleave(rows.long(), n, output_size=total),
+            torch.arange(total) + torch.repeat_interleave(starts.long() - off, n, output_size=total))
 
 
 def assign_req_to_token_pool_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
                                  pool_len):
     """req_to_token[r, s:e] = the request's packed slice of out_cache_loc (requests in order)."""
-    for r, s, e, off in _spans(req_pool_indices, start_offset, end_offset):
-        if e > s:
-            req_to_token[r, s:e] = out_cache_loc[off:off + e - s].to(req_to_token.dtype)
+    r, c = _packed(req_pool_indices, start_offset, end_offset)
+    req_to_token[r, c] = out_cache_loc[:r.shape[0]].to(req_to_token.dtype)
 
 
 def assign_extend_cache_locs_cpu(req_pool_indices, req_to_token, start_offset, end_offset, out_cache_loc,
                                  pool_len):
     """The inverse gather: out_cache_loc (packed) = req_to_token[r, s:e] per request."""
-    for r, s, e, off in _spans(req_pool_indices, start_offset, end_offset):
-        if e > s:
-            out_cache_loc[off:off + e - s] = req_to_token[r, s:e].to(out_cache_loc.dtype)
+    r, c = _packed(req_pool_indices, start_offset, end_offset)
+    out_cache_loc[:r.shape[0]] = req_to_token[r, c].to(out_cache_loc.dtype)
 
 
 def assign_draft_cache_locs_contiguous_cpu(req_pool_indices, req_to_token, seq_lens, out_cache_loc, pool_len,
