@@ -35,8 +35,7 @@ class DiffusionBlock(HostBlock, nn.Module):
         super().__init__()
         tp = get_tensor_model_parallel_world_size()
         self.heads = Hq, Hkv, _ = rank_heads(a, tp, "--tensor-parallel-size")
-        if tp > 1:  # LayerOps.reduce: a pick's sums over every rank's heads (the core's rank-consistent picks)
-            self.reduce = tensor_model_parallel_all_reduce
+        self.reduce = tensor_model_parallel_all_reduce if tp > 1 else None  # LayerOps.reduce: a pick's sums over ranks
         self.attn_norm = RMSNorm(a.dim, eps=a.norm_eps)
         self.qkv_proj = QKVParallelLinear(a.dim, a.head_dim, a.n_heads, a.n_kv_heads, bias=a.qkv_bias,
                                           quant_config=quant_config, prefix=f"{prefix}.qkv_proj")
