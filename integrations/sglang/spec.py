@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import torch
 
 from dllm_core.drafters.adaptive import AdaptiveDraft, StepClock
+from dllm_core.drafters.deferred import DeferredContext
 from dllm_core.engine.host_options import read_mapping
 
 OPTION = "--speculative-adaptive-config"
@@ -86,7 +87,6 @@ def prepare_decode(original, draft_input, batch):
     draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, sum(ends)
 
 
-DEFERRED_ROWS = 2048  # plain steps' drafter context held at most (rows), written at once when reached
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
 
 
@@ -142,8 +142,7 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
             self.dllm_width = self.block_size  # the last decode step's verify width (KV a plain step reserves)
             ADAPTIVE[:] = [self]
-            self.dllm_deferred: list = []  # plain steps' drafter context: (hidden, target slots, slots, pos, rids)
-            self.dllm_deferred_rows = 0
+            self.dllm_deferred = DeferredContext()  # the plain steps' drafter context
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
@@ -176,8 +175,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
 
         def plain_step(self, batch, on_publish=None):
             """k = 0 as SGLang's plain decode forward (``decode_forward``) with the target's hidden states captured for
-            the drafter's KV cache at the token's slot (deferred to the next draft: ``catch_up``); handed back as a
-            verify of the bonus token alone."""
+            the drafter's KV cache at the token's slot (deferred to the next draft, the core's ``DeferredContext``:
+            ``catch_up``); handed back as a verify of the bonus token alone."""
             from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
             from sglang.srt.speculative.dflash_worker_v2 import GenerationBatchResult
 
@@ -187,10 +186,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                                  capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True)
             plan, out.kv_loc_plan = out.kv_loc_plan, None
             hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
-            self.dllm_deferred.append((hidden.clone(), slots, self._draft_write_ids(plan), positions,
-                                       [r.rid for r in batch.reqs]))
-            self.dllm_deferred_rows += len(slots)
-            if self.dllm_deferred_rows >= DEFERRED_ROWS:
+            if self.dllm_deferred.add(hidden.clone(), slots, self._draft_write_ids(plan), positions,
+                                      [r.rid for r in batch.reqs]):
                 self.catch_up(batch)
             tokens, new_lens = out.next_token_ids, batch.seq_lens + 1
             if on_publish is not None:
@@ -204,16 +201,12 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
         def catch_up(self, batch):
             """Append the plain steps' deferred context to the drafter's KV cache in one write, for the rows whose
             request is in ``batch`` and still holds that KV slot at that position (not retracted since)."""
-            if not self.dllm_deferred:
-                return
-            hidden, slots, locs, pos = (torch.cat(x) for x in list(zip(*self.dllm_deferred))[:4])
-            at = {r.rid: i for i, r in enumerate(batch.reqs)}
-            rows = [(j, at[rid]) for j, rid in enumerate(r for d in self.dllm_deferred for r in d[4]) if rid in at]
-            self.dllm_deferred, self.dllm_deferred_rows = [], 0
-            j, i = torch.tensor(rows, dtype=torch.long, device=self.device).view(-1, 2).T  # [n] each
-            held = batch.req_to_token_pool.req_to_token[batch.req_pool_indices[i].long(), pos[j]] == slots[j]
-            j = j[held]
-            self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden[j], cache_loc=locs[j], positions=pos[j])
+            got = self.dllm_deferred.take({r.rid: i for i, r in enumerate(batch.reqs)})
+            if got is not None:
+                hidden, slots, locs, pos, i = got
+                held = batch.req_to_token_pool.req_to_token[batch.req_pool_indices[i].long(), pos] == slots
+                self._append_target_hidden_to_draft_kv_by_loc(target_hidden=hidden[held], cache_loc=locs[held],
+                                                              positions=pos[held])
 
         def on_verify_complete_cpu(self, num_correct_drafts_per_req, batch_size: int = 0) -> None:
             self.dllm_clock.result(num_correct_drafts_per_req)  # a decode step's result, in step order

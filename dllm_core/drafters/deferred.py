@@ -1,0 +1,36 @@
+"""A drafter's context deferred over the steps that draft nothing (the adaptive draft length's k = 0): the target's
+rows of those steps are held and written to the drafter's cache in one append by the next step that drafts, so the
+drafter still sees every token (lossless) while a plain step pays no drafter write. Host-agnostic: a host hands its
+rows in and writes what ``take`` returns with its own cache append."""
+from __future__ import annotations
+
+import torch
+
+LIMIT = 2048  # rows held at most; reaching it asks for the write at once
+
+
+class DeferredContext:
+    """The held rows: per plain step (hidden [n, H], the target's KV slots [n], the drafter's slots [n], positions
+    [n], request ids)."""
+
+    def __init__(self, limit: int = LIMIT):
+        self.parts: list[tuple] = []
+        self.rows, self.limit = 0, limit
+
+    def add(self, hidden: torch.Tensor, slots: torch.Tensor, locs: torch.Tensor, pos: torch.Tensor, rids) -> bool:
+        """One plain step's rows -> whether the rows held reached the limit (write them now)."""
+        self.parts.append((hidden, slots, locs, pos, list(rids)))
+        self.rows += len(slots)
+        return self.rows >= self.limit
+
+    def take(self, live: dict) -> tuple[torch.Tensor, ...] | None:
+        """Every held row of a request in ``live`` (request id -> its row in the batch now), and nothing is held
+        after: (hidden, target slots, drafter slots, positions, batch rows) [n] each; None when nothing was held. The
+        host keeps the rows whose request still holds that slot at that position (not retracted since)."""
+        if not self.parts:
+            return None
+        hidden, slots, locs, pos = (torch.cat(x) for x in list(zip(*self.parts))[:4])
+        rows = [(j, live[r]) for j, r in enumerate(r for p in self.parts for r in p[4]) if r in live]
+        self.parts, self.rows = [], 0
+        j, i = torch.tensor(rows, dtype=torch.long, device=hidden.device).view(-1, 2).T  # [n] each
+        return hidden[j], slots[j], locs[j], pos[j], i
