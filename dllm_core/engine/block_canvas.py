@@ -7,7 +7,7 @@ which the host persists (that forward runs exact).
 
     lc = BlockLifecycle(L, mask_id, device, seed, features=(layers, kv_width, dim, like))
     lc.admit(slot, rid, opts, max_new_tokens, prompt_len, seed)
-    lc.start(fresh_slots, ids)           # a new block of each: the host's ids [k, L]
+    lc.start(fresh_slots, ids, prompt)   # a new block of each: the host's ids [k, L] (prompt positions [k, L])
     ctx = lc.plan(slots, live, caching)  # before the forward (None: the model's plain forward)
     done, final = lc.take(slots, live, logits, ids)
 """
@@ -59,8 +59,12 @@ class BlockLifecycle:
                 self.decoded.popitem(last=False)
         self.lengths[slot] = prompt_len + opts.response(max(max_new_tokens or 0, 1), L).decoded
 
-    def start(self, slots: np.ndarray, ids: torch.Tensor, literal: bool) -> None:
-        """A new block for each of ``slots`` from the host's ids [k, L] (``literal``: -1 marks prompt [MASK] ids)."""
+    def start(self, slots: np.ndarray, ids: torch.Tensor, prompt: torch.Tensor | None = None) -> None:
+        """A new block for each of ``slots`` from the host's ids [k, L]; ``prompt`` [k, L] bool: the positions that
+        hold prompt tokens, where a [MASK] id is the prompt's own (literal, never decoded; None: no prompt there)."""
+        literal = prompt is not None
+        if literal:  # marked -1 in the canvas
+            ids = torch.where(prompt & (ids == self.mask_id), -1, ids)
         self.slots.start(slots, 0, self.L, ids)
         for s, row in zip(slots.tolist(), ids):
             if self.slots.lp_k[s] >= 0:  # the block's response positions: its masks (a host read, when asked)

@@ -165,9 +165,8 @@ class BlockHost(SlotsHost):
             if self.prompt_only:  # prompt blocks: nothing to decode (a new request is admitted at its first mask)
                 return
             self.bind(model_runner, fb)
-            pm = fb.dllm_prompt_mask  # literal [MASK] ids inside the prompt: not to decode (-1)
-            self.lc.start(slots[fresh], ids if pm is None else torch.where(
-                (pm if whole else pm[f]) & (ids == self.mask_id), -1, ids), pm is not None)
+            pm = fb.dllm_prompt_mask  # the prompt's positions (its literal [MASK] ids are not decoded)
+            self.lc.start(slots[fresh], ids, None if pm is None else pm if whole else pm[f])
         live = [i for i, s in enumerate(states) if not s.final]  # (lists: numpy is slower on a batch this small)
         model = model_runner.model
         ours = hasattr(model, "context")  # (SGLang's own LLaDA2 class runs every block whole, counting nothing)
