@@ -151,8 +151,7 @@ def test_vllm_adaptive_draft_length_is_lossless(served, pair):
 def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     """The scheduler side without an engine: vLLM's batch size -> draft count lookup is the policy's choice; a
     decode-only step reports its batch, draft count and acceptance; a step with a prefill reports nothing."""
-    from dllm_core.drafters.adaptive import AdaptiveDraft
-    from integrations.vllm.spec import DraftLengths
+    from dllm_core.drafters.adaptive import AdaptiveDraft, DraftLengths
 
     table = DraftLengths(AdaptiveDraft(4).new())
     assert table[2] == 0  # unmeasured: the shortest first

@@ -331,3 +331,26 @@ class StepClock:
         now = time.perf_counter()
         seconds, self.last = now - self.last, now
         return seconds
+
+
+class DraftLengths(StepClock):
+    """A host's batch size -> draft count table (vLLM's ``Scheduler.dynamic_sd_lookup``), answered by the policy. A step
+    verifies the drafts proposed with the count of the schedule ``lag`` schedules before the newest when its output
+    comes back (1; 2 under async scheduling, which schedules the next step first), and proposes with its own: its
+    time is the cost of one count only where the counts in between are that count (``steady``)."""
+
+    def __init__(self, lengths, lag: int = 1):
+        super().__init__(lengths)
+        self.asked: deque[int] = deque(maxlen=lag + 1)
+
+    def __getitem__(self, batch: int) -> int:
+        self.asked.append(self.lengths.choose(batch))
+        return self.asked[-1]
+
+    def verified(self) -> int | None:
+        """The count chosen for the drafts the step just ended verified (None: not known yet)."""
+        return self.asked[0] if len(self.asked) == self.asked.maxlen else None
+
+    def steady(self) -> bool:
+        """The step just ended verified and proposed with the same count."""
+        return len(set(self.asked)) == 1

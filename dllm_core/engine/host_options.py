@@ -109,6 +109,19 @@ def request_options(raw, base: DecodeOptions, where: str, keys=REQUEST_KEYS, see
     return build_cached(raw, where, base, keys)
 
 
+def host_block_size(cfg: dict, trained: int | None, model: str, where: str, default: int = DEFAULT_BLOCK) -> int:
+    """A block scheduler's block from its config's ``block_size`` (default: the checkpoint's ``trained`` block of a
+    block-causal ``model``, else ``default``): an integer >= 1, and a block-causal model's own; errors name
+    ``where``."""
+    block = cfg.get("block_size", trained or default)
+    if isinstance(block, bool) or not isinstance(block, int) or block < 1:
+        raise ValueError(f"{where}: block_size must be an integer >= 1, got {block!r}")
+    if trained is not None and block != trained:
+        raise ValueError(f"{where}: block_size {block} does not match the checkpoint's block_size {trained} ({model} "
+                         f"attends block-causally over blocks of {trained})")
+    return block
+
+
 def read_mapping(path: str | None, flag: str) -> dict:
     """The YAML (or JSON) mapping at ``path`` ({} when none was given); errors name ``flag``. A float written without
     a dot (``1e-3``: JSON's and YAML 1.2's spelling, which PyYAML's YAML 1.1 reads as a string) is a number."""

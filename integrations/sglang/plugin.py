@@ -6,7 +6,6 @@ from __future__ import annotations
 import importlib
 import importlib.util
 
-DEFAULT_BLOCK = 32
 ARCHS = ("LLaDAModelLM", "DreamModel")
 BLOCK_CAUSAL = "LLaDA2MoeModelLM"  # SGLang's own model class; its block size is the checkpoint's
 GRAPHS_HOOK = "sglang.srt.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph"
@@ -84,6 +83,7 @@ def dllm_config(original, server_args):
     arch = model_architecture(server_args, hf)
     if arch not in ARCHS and arch != BLOCK_CAUSAL:
         return original(server_args)
+    from dllm_core.engine.host_options import host_block_size
     from dllm_core.models.llada2 import BLOCK_SIZE, MASK_ID
 
     mask_id = getattr(hf, "mask_token_id", MASK_ID if arch == BLOCK_CAUSAL else None)
@@ -95,12 +95,7 @@ def dllm_config(original, server_args):
         raise ValueError(f"{cfg.dllm_algorithm} does not support model architecture {arch}")
     algorithm_config = with_default_cache(read_yaml(cfg.dllm_algorithm_config), arch in ARCHS)
     trained = getattr(hf, "block_size", BLOCK_SIZE) if arch == BLOCK_CAUSAL else None
-    block_size = algorithm_config.get("block_size", trained or DEFAULT_BLOCK)
-    if isinstance(block_size, bool) or not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"--dllm-algorithm-config: block_size must be an integer >= 1, got {block_size!r}")
-    if trained is not None and block_size != trained:
-        raise ValueError(f"--dllm-algorithm-config: block_size {block_size} does not match the checkpoint's "
-                         f"block_size {trained} ({arch} attends block-causally over blocks of {trained})")
+    block_size = host_block_size(algorithm_config, trained, arch, "--dllm-algorithm-config")
     return DllmServeConfig(
         algorithm=cfg.dllm_algorithm, algorithm_config=algorithm_config, block_size=block_size, mask_id=mask_id,
         max_running_requests=1 if cfg.max_running_requests is None else cfg.max_running_requests,

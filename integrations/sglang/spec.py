@@ -60,27 +60,20 @@ def prepare_decode(original, draft_input, batch):
     draft_input.dllm_k = k = worker.dllm_clock.dispatched(len(batch.reqs), batch.reqs)
     if k:
         return original(draft_input, batch)
-    from sglang.srt.mem_cache.allocation import alloc_for_spec_decode, alloc_token_slots
+    from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
 
     batch.maybe_evict_swa()
     reqs, page = batch.reqs, batch.token_to_kv_pool_allocator.page_size
     lens = [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in reqs]
     ends = [max(a, -(-(c + worker.dllm_width + 1) // page) * page) for c, a in lens]
-    one = page == 1 and all(e == a + 1 for e, (_, a) in zip(ends, lens))  # a slot each (after a plain step): plain
     committed, cur = torch.tensor([c for c, _ in lens]), torch.tensor([a for _, a in lens], dtype=torch.int32)
     nxt = torch.tensor(ends, dtype=torch.int32)
-    if one:  # decoding's own allocation (alloc_for_decode: one indexed write, no per-request assignment)
-        slots = alloc_token_slots(batch.tree_cache, len(reqs)).to(torch.int32)
-        batch.req_to_token_pool.write((batch.req_pool_indices, cur.long().to(batch.device)), slots)
-    else:
-        alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs,
-                              req_pool_indices=batch.req_pool_indices, cur_kv_lens=cur.to(batch.device),
-                              cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device), nxt_kv_lens_cpu=nxt,
-                              num_needed_tokens=sum(ends) - sum(a for _, a in lens), batch=batch)
+    alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
+                          cur_kv_lens=cur.to(batch.device), cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device),
+                          nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - sum(a for _, a in lens), batch=batch)
     tops = [r.sampling_params.top_k for r in reqs]
     for r in reqs:
         r.decode_batch_idx += 1
-        r.kv.kv_allocated_len += one
     draft_input.max_top_k = max(*tops, 1)
     draft_input.uniform_top_k_value = tops[0] if min(tops) == max(tops) else None
     batch.seq_lens_cpu, batch.seq_lens_sum = committed, sum(c for c, _ in lens)
