@@ -153,6 +153,6 @@ def test_launch_keeps_graphs_and_turns_off_radix_cache(tmp_path, caplog):
     assert view.disable_radix_cache and "cache dllm rewrites each request's prefix K/V in place" in caplog.text
     assert view.cuda_graph_config.decode.backend != Backend.DISABLED  # cached forwards: eager, one by one
     cfg = DllmConfig.from_server_args(sa)
-    assert (cfg.policy().kp, cfg.policy().kr, cfg.policy().rho) == (4, 2, 0.25)
+    assert (cfg.options().policy.kp, cfg.options().policy.kr, cfg.options().policy.rho) == (4, 2, 0.25)
     req = SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SamplingParams(max_new_tokens=0))
     assert cfg.validate_request(req) == "DllmCore: max_new_tokens must be >= 1, got 0"

@@ -177,7 +177,7 @@ def test_launch_turns_off_radix_cache_and_admits_whole_blocks(ckpt, tmp_path, ca
     assert view.disable_radix_cache and "radix cache disabled" in caplog.text
     assert view.cuda_graph_config.decode.backend == Backend.DISABLED and "DreamModel: the prefix row" in caplog.text
     cfg = DllmConfig.from_server_args(sa)
-    assert cfg.policy().every == 2 and type(cfg.policy()).__name__ == "DualCache"
+    assert cfg.options().policy.every == 2 and type(cfg.options().policy).__name__ == "DualCache"
 
     def req(n):
         return SimpleNamespace(origin_input_ids=[20, 21], sampling_params=SamplingParams(max_new_tokens=n))
@@ -186,7 +186,7 @@ def test_launch_turns_off_radix_cache_and_admits_whole_blocks(ckpt, tmp_path, ca
     for n in (0, None):  # admission: HTTP 400
         assert cfg.validate_request(req(n)) == "FastDllmThreshold: max_new_tokens must be >= 1, got 0"
     plain = DllmConfig.from_server_args(resolved(ckpt["llada"], "SlowFast", "cache: canvas", tmp_path))
-    assert plain.policy() is None and plain.validate_request(req(L + 1)) is None
+    assert plain.options().policy is None and plain.validate_request(req(L + 1)) is None
     total = DllmConfig.from_server_args(resolved(ckpt["llada"], "DllmCore", f"block_size: {L}\nsteps: 4", tmp_path))
     assert total.validate_request(req(2 * L)) is None  # steps: the total over the response (2 per block)
     assert total.validate_request(req(3 * L)).startswith("DllmCore: steps 4 must be a multiple of the number of "

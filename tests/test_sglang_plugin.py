@@ -120,7 +120,7 @@ def test_no_cache_option_serves_the_whole_response(ckpt, tmp_path):
     sa = resolved(ckpt["llada"], "FastDllmThreshold", "tau: 0.8\n", tmp_path)
     assert graphs_off(sa)[0] is False and resolving_view(sa).disable_radix_cache
     cfg = DllmConfig.from_server_args(sa)
-    assert cfg.policy().name == "dual" and cfg.algorithm_config["cache"] == "dual"
+    assert cfg.options().policy.name == "dual" and cfg.algorithm_config["cache"] == "dual"
     assert type(get_algorithm(cfg).whole).__name__ == "ResponseHost"
 
 

@@ -5,6 +5,7 @@ canvas; a row is done once a forward has seen its block final, so it persists it
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 from typing import Any, ClassVar, List
 
 import numpy as np
@@ -51,20 +52,6 @@ class DllmServeConfig(DllmConfig):
             cls = get_algorithm_cls(self.algorithm)
             self._opts = cls.options(self.algorithm_config or {}) if hasattr(cls, "options") else None
         return self._opts
-
-    def policy(self):
-        """The algorithm's policy over the whole response (None: SGLang's block canvas, or not one of ours)."""
-        return None if self.options() is None else self.options().policy
-
-
-class RowState:
-    """One request's SGLang block in flight: whether its canvas starts at the next forward (``fresh``) and whether
-    it is decoded, so that forward persists it (``final``); the rest is the core's (``ResponseSlots``)."""
-
-    __slots__ = ("fresh", "final")
-
-    def __init__(self):
-        self.fresh, self.final = True, False
 
 
 class DllmCoreAlgorithm(DllmAlgorithm):
@@ -117,7 +104,9 @@ class DllmCoreAlgorithm(DllmAlgorithm):
         return self.sampler.max_steps(block_size, self.steps) * (2 if self.whole else 1) + 1
 
     def init_step_state(self, forward_batch) -> List[Any]:
-        return [RowState() for _ in range(forward_batch.batch_size)]
+        """Per request, its SGLang block in flight: whether its canvas starts at the next forward (``fresh``) and
+        whether it is decoded, so that forward persists it (``final``); the rest is the core's (``ResponseSlots``)."""
+        return [SimpleNamespace(fresh=True, final=False) for _ in range(forward_batch.batch_size)]
 
     def prepare_inputs(self, model_runner, forward_batch, states: List[Any]) -> None:
         self.host.prepare(model_runner, forward_batch, states)
@@ -145,7 +134,7 @@ class BlockHost(SlotsHost):
                       req.sampling_params.max_new_tokens, len(req.origin_input_ids), req.sampling_params.sampling_seed,
                       logprobs(req))
 
-    def prepare(self, model_runner, fb, states: List[RowState]) -> None:
+    def prepare(self, model_runner, fb, states: list) -> None:
         """Before each forward: new requests admitted and fresh blocks started (SGLang's block ids, literal prompt
         [MASK] ids excluded); the core's plan of the live rows handed to the model (``StepContext``: dLLM-Cache over
         the block's cached layers; None: its plain forward, SGLang's graph)."""
@@ -174,7 +163,7 @@ class BlockHost(SlotsHost):
         if ours:
             model.context = ctx
 
-    def step(self, fb, full_logits: torch.Tensor, states: List[RowState]) -> List[bool]:
+    def step(self, fb, full_logits: torch.Tensor, states: list) -> List[bool]:
         """One step of each request's block (full_logits [B * L, V]): commits written into input_ids in place;
         per row whether the block is finished with this forward having seen it final."""
         if self.prompt_only:  # prompt blocks: nothing to decode

@@ -1,7 +1,7 @@
 """Dream's shifted logits in SGLang's block forward: block position 0 (at s) is predicted from position s - 1's
 final hidden state, recomputed once per block from the paged K/V of [0, s) and kept per request slot (as the core's
-``CanvasCache``); the token at s - 1 from the batch's ``Req``s (``response.BATCH``, the plugin's ``ForwardBatch.init_new``
-hook; ``patches/sglang``)."""
+``CanvasCache``); the token at s - 1 from the batch's ``Req``s (``response.BATCH``, the plugin's
+``ForwardBatch.init_new`` hook; ``patches/sglang``)."""
 from __future__ import annotations
 
 import torch

@@ -26,15 +26,15 @@ class BatchRequests:
     """The SGLang ``Req``s of the next forward batch (prompt ids, output ids, sampling params, block offset),
     from the plugin's ``ForwardBatch.init_new`` hook: SGLang passes none of it to the algorithm or the model."""
 
-    def __init__(self, what: str = "dllm-serve"):
-        self.what, self.pending = what, None  # (request slots [B], the batch's Reqs)
+    def __init__(self):
+        self.pending = None  # (request slots [B], the batch's Reqs)
 
     def expect(self, slots: torch.Tensor, reqs: list) -> None:
         self.pending = (slots, list(reqs))
 
     def requests(self, slots: list[int]) -> list:
         if self.pending is None or self.pending[0].tolist() != slots:
-            raise RuntimeError(f"{self.what}: no request info for this batch; the dllm-serve SGLang plugin's "
+            raise RuntimeError("dllm-serve: no request info for this batch; the dllm-serve SGLang plugin's "
                                "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
         return self.pending[1]
 
