@@ -88,7 +88,7 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case):
     for p, row in zip(PROMPTS, driver.rows):
         c = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                 cache=cache)).counters
-        rid = algo.whole.responses[row.slot].rid
+        rid = algo.whole.lc.responses[row.slot].rid
         assert algo.whole.core.work(rid) == {"forwards": c.forwards, "token_layers": c.token_layers,
                                        "full_token_layers": c.full_token_layers}, p
         assert c.token_layers < c.full_token_layers
@@ -127,7 +127,7 @@ def test_random_select_and_prompt_kv_in_pool(models):
         ResponseLifecycle.release = release
     assert out == reference(ref, "threshold:tau=0.7", GEN, cache)
     assert sorted(P for _, P, _, _ in seen) == sorted(map(len, PROMPTS))
-    assert all(r.feats is None for r in algo.whole.responses.values())
+    assert all(r.feats is None for r in algo.whole.lc.responses.values())
     pool, r2t = runner.token_to_kv_pool, runner.req_to_token_pool.req_to_token
     for slot, P, k, v in seen:
         loc = r2t[slot, :P].long()

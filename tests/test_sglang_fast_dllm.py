@@ -85,7 +85,7 @@ def test_matches_embedded_engine(models, arch, cls, cfg, spec, steps, cache, fdf
         want = generate(ref, [p], GenerationConfig(gen_length=GEN, block_length=L, steps=steps, sampler=spec,
                                                    cache=cache))
         assert got == want.tokens[0].tolist(), p
-    assert all(r.feats is None for r in serve.algo.whole.responses.values())  # every response gave its features back
+    assert all(r.feats is None for r in serve.algo.whole.lc.responses.values())  # every response gave its features back
 
 
 @pytest.mark.parametrize("arch", ["llada", "dream"])
@@ -135,7 +135,7 @@ def test_work_counters_equal_the_embedded_engine(models, arch, case, caplog):
     with caplog.at_level(logging.DEBUG, logger="dllm_core.engine.responses"):
         driver.generate(PROMPTS, GEN, mask)
     host = algo.whole
-    rids = [host.responses[row.slot].rid for row in driver.rows]
+    rids = [host.lc.responses[row.slot].rid for row in driver.rows]
     assert sorted(host.core.finished_work) == sorted(rids) and len(set(rids)) == len(PROMPTS)
     assert all(f"request {rid} decoded: " in caplog.text for rid in rids)  # the debug line per response
     for p, rid in zip(PROMPTS, rids):

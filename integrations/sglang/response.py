@@ -78,33 +78,11 @@ class SlotsHost:
     def release(self, slot: int) -> None:
         self.core.release(slot)
 
-    def report_logprobs(self, req) -> None:
-        """The logprobs of the output ids ``req`` holds that it has none for yet (SGLang's ``ReqLogprob`` lists), the
-        core's (``lc.logprobs``), before SGLang streams them."""
-        lp = req.logprob
-        have = len(lp.output_token_logprobs_val)
-        # SGLang's streamer moves its logprob offset to 1 at a request's first stream (its prefill samples the first
-        # token); a diffusion request had no output then: the offset goes back to what was sent
-        req.send_output_token_logprobs_offset = min(req.send_output_token_logprobs_offset, have)
-        got = self.lc.logprobs(req.rid, have, len(req.output_ids))
-        if got is None:
-            return
-        lp.output_token_logprobs_val += got.token.tolist()
-        lp.output_token_logprobs_idx += list(req.output_ids[have:have + len(got.token)])
-        if lp.top_logprobs_num > 0:
-            lp.output_top_logprobs_val += got.top.tolist()
-            lp.output_top_logprobs_idx += got.top_ids.tolist()
-
-
 
 class ResponseHost(SlotsHost):
     """A policy over the whole response: SGLang's requests and blocks handed to the core's ``ResponseLifecycle``
     (``lc``), which plans each forward for the model's ``ResponseForward`` and mirrors the canvas into SGLang's block
     ids."""
-
-    @property
-    def responses(self) -> dict:
-        return {} if self.lc is None else self.lc.responses
 
     def new_lifecycle(self, model, device) -> ResponseLifecycle:
         if getattr(model, "response_forward", None) is None:
@@ -179,10 +157,23 @@ class ResponseForward:
 
 
 def report_logprobs(streamer, reqs, return_logprob: bool, *args, **kwargs) -> None:
-    """BEFORE SGLang's ``SchedulerOutputStreamer.stream_output``: the logprobs of a batch's new output ids, for the
-    requests that ask, from the host of this process (SGLang computes none for a dLLM batch)."""
+    """BEFORE SGLang's ``SchedulerOutputStreamer.stream_output``: for each request that asks, the logprobs of the
+    output ids it holds that it has none for yet (SGLang's ``ReqLogprob`` lists), the core's (``lc.logprobs``) from the
+    host of this process, before SGLang streams them (SGLang computes none for a dLLM batch)."""
     host = SlotsHost.active
-    if return_logprob and host is not None and host.lc is not None:
-        for req in reqs:
-            if req.return_logprob:
-                host.report_logprobs(req)
+    if not return_logprob or host is None or host.lc is None:
+        return
+    for req in (r for r in reqs if r.return_logprob):
+        lp = req.logprob
+        have = len(lp.output_token_logprobs_val)
+        # SGLang's streamer moves its logprob offset to 1 at a request's first stream (its prefill samples the first
+        # token); a diffusion request had no output then: the offset goes back to what was sent
+        req.send_output_token_logprobs_offset = min(req.send_output_token_logprobs_offset, have)
+        got = host.lc.logprobs(req.rid, have, len(req.output_ids))
+        if got is None:
+            continue
+        lp.output_token_logprobs_val += got.token.tolist()
+        lp.output_token_logprobs_idx += list(req.output_ids[have:have + len(got.token)])
+        if lp.top_logprobs_num > 0:
+            lp.output_top_logprobs_val += got.top.tolist()
+            lp.output_top_logprobs_idx += got.top_ids.tolist()

@@ -11,6 +11,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 
+from dllm_core.engine.context import StepContext
 from dllm_core.models import DreamModel, LLaDAModelLM
 from dllm_core.models.host_layers import HostBlock, load_host_weights, rank_heads
 
@@ -135,13 +136,10 @@ class DllmForDiffusion(DllmModel, nn.Module):
         return self.embed(input_ids)
 
     def hidden(self, x: torch.Tensor, positions: torch.Tensor, ctx) -> torch.Tensor:
-        """The final rows [N, d] (normed; the rows the step keeps stored)."""
-        if ctx is None:
-            for layer in self.layers:
-                x = layer(positions, x)
-            return self.norm(x)
-        h = self.norm(ctx.run(self.layers, x, positions, lambda layer, x: layer(positions, x)))
-        ctx.keep(h, self.dllm.last_hidden)
+        """The final rows [N, d] (normed; the rows the step keeps stored). No context: every layer, nothing kept."""
+        h = self.norm((ctx or StepContext()).run(self.layers, x, positions, lambda layer, x: layer(positions, x)))
+        if ctx is not None:
+            ctx.keep(h, self.dllm.last_hidden)
         return h
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
