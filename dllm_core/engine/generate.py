@@ -101,12 +101,16 @@ def _check(model: DiffusionLM, prompts, cfg: GenerationConfig) -> int:
     return mask_id
 
 
+def block_mismatch(block: int, trained: int, model: str = "the model") -> str:
+    """The error text of a block that is not a block-causal checkpoint's own (every engine's and host's)."""
+    return (f"{block} does not match the checkpoint's block_size {trained} ({model} attends block-causally over "
+            f"blocks of {trained})")
+
+
 def check_block_causal(model: DiffusionLM, cfg: GenerationConfig) -> None:
     """A block-causal model decodes blocks of its training block size, with a policy that keeps its mask."""
     if cfg.block_length != model.block_causal:
-        raise ValueError(f"--block-length {cfg.block_length} does not match the checkpoint's block_size "
-                         f"{model.block_causal} ({type(model).__name__} attends block-causally over blocks of "
-                         f"{model.block_causal})")
+        raise ValueError(f"--block-length {block_mismatch(cfg.block_length, model.block_causal, type(model).__name__)}")
     if cfg.cache.name not in BLOCK_CAUSAL_CACHES:
         raise ValueError(f"--cache {cfg.cache.name} is not available for the block-causal "
                          f"{type(model).__name__}; allowed: {list(BLOCK_CAUSAL_CACHES)}")
@@ -129,8 +133,7 @@ def check_paged_block_causal(block_size: int, block_length: int | None, cache: C
     """The options a paged host serves a block-causal model with: blocks of its training size and a cache that
     keeps the block-causal prefix exact (the paged K/V of earlier blocks are final)."""
     if block_length is not None and block_length != block_size:
-        raise OptionError("block_length", f"{block_length} does not match the checkpoint's block_size {block_size} "
-                                          f"(the model attends block-causally over blocks of {block_size})")
+        raise OptionError("block_length", block_mismatch(block_length, block_size))
     if not ((isinstance(cache, PrefixCache) and cache.name in PAGED_BLOCK_CAUSAL_CACHES)
             or (isinstance(cache, CanvasCache) and cache.exact)):  # none: exact canvas
         raise OptionError("cache", f"{cache.name} is not served for a block-causal model; allowed: "

@@ -19,7 +19,7 @@ from ..cache import CachePolicy, host_cache, registry
 from ..cache.canvas import CanvasCache
 from ..options import OptionError, check_value, parse_spec
 from ..sampling import SAMPLERS, Sampler
-from .generate import check_paged_block_causal
+from .generate import block_mismatch, check_paged_block_causal
 from .request import DecodeOptions, ResponsePlan, build_cached
 
 DEFAULT_BLOCK = 32
@@ -117,8 +117,7 @@ def host_block_size(cfg: dict, trained: int | None, model: str, where: str, defa
     if isinstance(block, bool) or not isinstance(block, int) or block < 1:
         raise ValueError(f"{where}: block_size must be an integer >= 1, got {block!r}")
     if trained is not None and block != trained:
-        raise ValueError(f"{where}: block_size {block} does not match the checkpoint's block_size {trained} ({model} "
-                         f"attends block-causally over blocks of {trained})")
+        raise ValueError(f"{where}: block_size {block_mismatch(block, trained, model)}")
     return block
 
 
