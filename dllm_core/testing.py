@@ -180,11 +180,10 @@ class PackedHostStep:
             step.attention(q, k, v, rows, layer.n_heads, layer.n_kv, layer.head_dim ** -0.5))
         return SimpleNamespace(qkv=qkv, value=ops.value, ffn=ops.ffn, heads=ops.heads, attend=attend)
 
-    def run(self, x: torch.Tensor) -> torch.Tensor:
-        """Every layer of the step: x [N, d] -> [N, d] (features stored, work tallied)."""
-        for i, o in enumerate(self.ops):
-            x = self.step.layer(o, x, i)
-        return x
+    def run(self, x: torch.Tensor, wrap=None) -> torch.Tensor:
+        """Every layer of the step: x [N, d] -> [N, d] (features stored, work tallied; ``wrap`` each of its passes:
+        ``executor.run_layers``)."""
+        return self.step.run(self.ops, x, wrap)
 
     def buffers(self) -> list[torch.Tensor]:
         """Every stored feature buffer of both requests, in a fixed order."""

@@ -2,7 +2,7 @@
 attention-aware drift test on the most-attended token, WHERE by depth (recompute from the failing layer onward).
 
 The policy keeps every layer's features (K, V, attention and FFN outputs) of every position of a request, and runs
-each layer through the shared executor (``executor.probed_layer``: the same code in the embedded engine and the
+each layer through the shared executor (``executor.run_layers``: the same code in the embedded engine and the
 hosts). A step recomputes its *query rows* in every layer - the fresh range (the block, or SlowFast's span), the
 previous step's fresh range (its commits: their K/V are then computed from the committed tokens) and ``window``
 more positions after the range - against the cached features of every other position (the prompt, committed
@@ -35,7 +35,7 @@ from typing import ClassVar
 import torch
 
 from .base import CachePolicy, CacheState, nbytes
-from .executor import CachedRows, Features, Probed, probed_layer
+from .executor import CachedRows, Features, Probed, run_layers
 from .host import HostPart, HostPlan, HostRequest, HostStep
 from ..models.layers import BlockOps
 from ..options import check_min, check_range
@@ -59,14 +59,14 @@ class Drift:
         self.lo = self.hi = self.start = 0
         self.full_from: int | None = None
         self.failed: int | None = None  # the layer whose test failed at this step
-        self.depth = 0  # layers seen (the last one is not tested)
+        self.depth = self.layers = 0  # layers seen, and by the steps before this one (the last one is not tested)
 
     def begin(self, tokens: torch.Tensor, fresh: tuple[int, int], canvas: int) -> None:
         """A step: ``tokens`` [T - canvas] the canvas's tokens now (positions [canvas, T)), ``fresh`` its range."""
         pol = self.policy
         full = self.prev is None or (pol.every > 0 and self.age + 1 >= pol.every) or pol.gamma >= 1
         lo, hi = fresh[0], min(fresh[1] + pol.window, self.T)
-        self.steps += 1
+        self.steps, self.layers = self.steps + 1, self.depth
         if self.prev is not None:  # the previous step's commits lie in its fresh range
             lo, hi = min(lo, self.prev[0]), max(hi, self.prev[1])
             self._mark(tokens, canvas, self.steps)
@@ -104,8 +104,8 @@ class Drift:
     def after(self, layer, ops, x, pos, keys):
         """``LayerProbe.after``: a fully recomputed layer takes its reference; otherwise the drift test of the probe
         rows among the query rows whose token has not changed since the reference -> [] bool (True: drifted)."""
-        pol, last = self.policy, 0 < self.depth <= layer + 1  # the last layer has nothing after it to refresh
-        self.depth = max(self.depth, layer + 1)  # (a request's first step runs every layer in full)
+        pol, last = self.policy, 0 < self.layers <= layer + 1  # the last layer has nothing after it to refresh
+        self.depth = max(self.depth, layer + 1)  # (a request's first step runs every layer in full: references)
         if last:
             return None
         if self.full_at(layer):
@@ -158,7 +158,7 @@ class Drift:
 
 class ElasticState(CacheState):
     """The embedded batch as B requests of T positions in one dense feature store per layer ([B, T, *]), each row
-    with its own ``Drift``; every layer through ``executor.probed_layer``."""
+    with its own ``Drift``; every layer through ``executor.run_layers``."""
 
     def __init__(self, policy, model, canvas):
         super().__init__(policy, model, canvas)
@@ -188,21 +188,22 @@ class ElasticState(CacheState):
         ds = [self.drift[b] for b in live]
         probes = [self.probed[b] for b in live] if self.policy.tests else []
         h, pos = m.embed(x).flatten(0, 1), cv.pos.flatten()  # [B*T, d], [B*T]
-        work = 0
-        for i, (layer, feats) in enumerate(zip(m.layers, self.feats)):
+        tally = torch.zeros(B * T, dtype=torch.long, device=x.device)
+
+        def groups(i):  # layer i: each live row's query rows, or every position from its refresh on
             rec = torch.zeros(B, T, dtype=torch.bool, device=x.device)
             for b, d in zip(live, ds):
                 lo, hi = (0, T) if d.full_at(i) else d.query()
                 rec[b, lo:hi] = True
-                work += hi - lo
-            g = CachedRows(self.rows, feats, rec, False, None, (0, T), dense=True)
-            h, again = probed_layer(BlockOps(layer, m.rotary, B, cv.mask, ragged=True), h, pos, [g], i, probes)
-            work += sum(T - (d.hi - d.lo) for d in (p.probe for p in again))
+            return [CachedRows(self.rows, self.feats[i], rec, False, None, (0, T), dense=True)], None
+
+        ops = [BlockOps(layer, m.rotary, B, cv.mask, ragged=True) for layer in m.layers]
+        h = run_layers(ops, h, pos, groups, probes, tally=tally)
         for d in ds:
             self.refreshes[L if d.full_from is None else d.full_from + (d.failed is not None)] += 1
         c = self.counters
         c.forwards += 1
-        c.token_layers += round(work / B)
+        c.token_layers += round(int(tally.view(B, T)[live].sum()) / B)
         c.full_token_layers += T * L
         return h.view(B, T, -1)[:, need[0]:need[1]]
 

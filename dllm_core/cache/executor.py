@@ -343,32 +343,118 @@ class Probed:
         return torch.cat([groups[g].feats.k[j] for g, j in self.members])  # [T, Hkv*D]
 
 
-def probed_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequence[CachedRows], layer: int,
-                 probes: Sequence[Probed], generator: torch.Generator | None = None,
-                 tally: torch.Tensor | None = None) -> tuple[torch.Tensor, list[Probed]]:
-    """``cached_layer``, then each request's probe (one device read for all); a request whose test fails runs the
-    layer again over every one of its positions (its features stored in ``groups`` in place). -> (x [N, d], the
-    requests that ran it again)."""
-    out = cached_layer(ops, x, pos, groups, generator, tally=tally)
-    tested = [(p, f) for p in probes
-              if (f := p.probe.after(layer, ops, x[p.rows], pos[p.rows], p.keys(groups))) is not None]
-    if not tested:
-        return out, []
-    fails = torch.stack([f for _, f in tested]).tolist()
-    again = [p for (p, _), f in zip(tested, fails) if f]
-    if not again:
-        return out, []
-    redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), False, g.reuse, g.cand, g.dense)
-            for g in groups]
-    for p in again:
-        for g, j in p.members:
-            redo[g].recompute[j] = True
-    out = cached_layer(ops, x, pos, redo, generator)  # (rows outside the groups run again: the same values)
-    for p in again:
-        if tally is not None:  # the rows the plan had not run
-            tally[p.rows] += ~torch.cat([groups[g].recompute[j] for g, j in p.members])
-        p.probe.refreshed(layer, ops, x[p.rows], pos[p.rows], p.keys(redo))
-    return out, again
+def run_layers(ops: Sequence[LayerOps], x: torch.Tensor, pos: torch.Tensor,
+               layer_groups: Callable[[int], tuple[list[CachedRows], int | None]], probes: Sequence[Probed] = (),
+               generator: torch.Generator | None = None, tally: torch.Tensor | None = None,
+               stored: Callable[[int, list[CachedRows]], None] | None = None, wrap=None) -> torch.Tensor:
+    """Every layer over x [N, d] -> [N, d]: ``layer_groups(i)`` gives layer i's cached regions and a bound on the
+    region rows it recomputes (None: read from the mask; rows in no region are always recomputed), ``stored(i,
+    groups)`` is told after they ran. With ``probes`` (one per request, ``LayerProbe``) the step runs in two passes:
+    the planned pass tests each request after every layer on the device (``ProbedPass``: no read); then, one read for
+    the step, each request whose test failed runs again from its first failing layer over every one of its positions
+    (``ProbedPass.refresh``). ``wrap(f)``: what runs each pass (a compiler or a graph capture; None: eager)."""
+    wrap = wrap or (lambda f: f)
+    run = ProbedPass(probes, len(ops), x) if probes else None
+    x = wrap(_planned)(ops, x, pos, layer_groups, run, generator, tally, stored)
+    if run is None:
+        return x
+    fails = run.at.tolist()  # the step's one read
+    return x if min(fails) == len(ops) else wrap(run.refresh)(ops, x, pos, fails, layer_groups, stored, tally)
+
+
+def _planned(ops, x, pos, layer_groups, run: "ProbedPass | None", generator, tally, stored) -> torch.Tensor:
+    """``run_layers``'s planned pass (no read)."""
+    for i, o in enumerate(ops):
+        groups, bound = layer_groups(i)
+        if run is not None:
+            groups = run.drop(groups)
+        out = cached_layer(o, x, pos, groups, generator, _bound(bound, groups, x.shape[0]), tally)
+        if run is not None:
+            run.test(i, o, x, pos, groups)  # (and keeps the layer's input of the rows in no region)
+        if stored is not None:
+            stored(i, groups)
+        x = out
+    return x
+
+
+def _bound(regions: int | None, groups: Sequence[CachedRows], N: int) -> int | None:
+    """The bucket of a layer's recomputed rows: ``regions`` (at least those in the groups) + the rows in none."""
+    return None if regions is None else bucket(N - sum(g.rows.numel() for g in groups) + regions, N)
+
+
+class ProbedPass:
+    """The planned pass of a step with ``LayerProbe``s and its refresh. ``at`` [R]: each request's first failing
+    layer (n: none), ``keep`` [N, d]: its rows' input to that layer, both on the device. A request that failed runs
+    no more rows in later layers of the planned pass (``drop``: its refresh recomputes them); its rows of the planned
+    pass's output are replaced by the refresh's. The refresh gives what a per-layer read would (a request's rows
+    attend to its own rows only): layer l of a request failing at l runs again over all of its positions, the
+    later layers recompute all of them, and the work counts the plan's rows and the rows it had not run. Every row's
+    K / V of a layer is what it was in the planned pass (a host's paged attention writes them all again): the rows
+    in no region run again from their input to the layer (``inputs``), the other rows' come from their features."""
+
+    def __init__(self, probes: Sequence[Probed], n: int, x: torch.Tensor):
+        self.probes, self.n = list(probes), n
+        self.at = torch.full((len(self.probes),), n, dtype=torch.long, device=x.device)  # [R]
+        self.keep = torch.empty_like(x)  # [N, d]
+        self.outside: torch.Tensor | None = None  # [n_out] the rows in no region
+        self.inputs: list[torch.Tensor] = []  # per layer [n_out, d]: their input to it
+
+    def drop(self, groups: list[CachedRows]) -> list[CachedRows]:
+        """The layer's groups without the rows of the requests that failed at an earlier layer (no read)."""
+        rec = [g.recompute for g in groups]
+        for r, p in enumerate(self.probes):
+            live = self.at[r] == self.n  # [] bool
+            for g, j in p.members:
+                rec[g] = rec[g].index_copy(0, torch.tensor([j], device=live.device), (rec[g][j] & live)[None])
+        return [CachedRows(g.rows, g.feats, m, g.verify, g.reuse, g.cand, g.dense) for g, m in zip(groups, rec)]
+
+    def test(self, layer: int, ops: LayerOps, x, pos, groups: list[CachedRows]) -> None:
+        """Each request's test after ``layer`` (its input rows x, its keys); a first failure keeps its input rows."""
+        if self.outside is None:  # (a host int bounds them: no read)
+            free = torch.ones(x.shape[0], dtype=torch.bool, device=x.device)
+            for g in groups:
+                free[g.rows.flatten()] = False
+            size = x.shape[0] - sum(g.rows.numel() for g in groups)
+            self.outside = torch.nonzero_static(free, size=size)[:, 0]
+        self.inputs.append(x.index_select(0, self.outside))
+        for r, p in enumerate(self.probes):
+            f = p.probe.after(layer, ops, x[p.rows], pos[p.rows], p.keys(groups))
+            if f is None:
+                continue
+            first = f & (self.at[r] == self.n)  # [] bool
+            self.at[r] = torch.where(first, layer, self.at[r])
+            self.keep[p.rows] = torch.where(first, x[p.rows], self.keep[p.rows])
+
+    def refresh(self, ops: Sequence[LayerOps], x, pos, fails: list[int], layer_groups, stored, tally) -> torch.Tensor:
+        """The requests that failed again from their first failing layer (``fails``: ``at`` read) -> x [N, d]."""
+        again = [(p, a) for p, a in zip(self.probes, fails) if a < self.n]
+        h, N = x.clone(), x.shape[0]
+        for i in range(min(a for _, a in again), self.n):
+            h.index_copy_(0, self.outside, self.inputs[i])  # the rows in no region: the same K / V again
+            plan, _ = layer_groups(i)
+            redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), False, g.reuse, g.cand, g.dense)
+                    for g in plan]
+            for p, a in again:
+                if a == i:  # its input rows of the layer that failed
+                    h[p.rows] = self.keep[p.rows]
+                for g, j in p.members if a <= i else ():
+                    redo[g].recompute[j] = True
+                    if tally is not None:  # the rows the plan had not run (the planned pass counted the others)
+                        tally[plan[g].rows[j]] += 1 if a < i else (~plan[g].recompute[j]).long()
+            bound = _bound(sum(len(p.rows) for p, a in again if a <= i), plan, N)
+            out = cached_layer(ops[i], h, pos, redo, bound=bound)
+            for p, a in again:
+                if a == i:
+                    p.probe.refreshed(i, ops[i], h[p.rows], pos[p.rows], p.keys(redo))
+                elif a < i:
+                    p.probe.after(i, ops[i], h[p.rows], pos[p.rows], p.keys(redo))  # takes the layer's reference
+            if stored is not None:
+                stored(i, redo)
+            h = out
+        rows = torch.cat([p.rows for p, _ in again])
+        x = x.clone()
+        x[rows] = h[rows]
+        return x
 
 
 @dataclass
@@ -388,7 +474,7 @@ class Region:
 
 
 class CachedStep:
-    """The cached regions of one host forward; ``layer`` runs one layer over all of its rows."""
+    """The cached regions of one host forward; ``run`` runs every layer over all of its rows."""
 
     def __init__(self, regions: Sequence[Region], generator: torch.Generator | None = None):
         self.regions, self.generator = list(regions), generator
@@ -399,20 +485,21 @@ class CachedStep:
                 p.rows, p.members = torch.cat([p.rows, r.rows[0]]), p.members + [(i, 0)]
         self.probes = list(probed.values())
 
-    def layer(self, ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, layer: int,
-              tally: torch.Tensor | None = None) -> torch.Tensor:
-        """Run ``layer`` over every row of the forward x [N, d]: -> [N, d] (features stored back;
-        ``tally`` [N] counts the rows run through the full layer)."""
+    def run(self, ops: Sequence[LayerOps], x: torch.Tensor, pos: torch.Tensor,
+            tally: torch.Tensor | None = None, wrap=None) -> torch.Tensor:
+        """Every layer (``ops[i]``: layer i's ``LayerOps``) over the rows of the forward x [N, d]: -> [N, d] (features
+        stored back; ``tally`` [N] counts the rows run through the full layer; ``wrap``: ``run_layers``)."""
+        return run_layers(ops, x, pos, self.groups, self.probes, self.generator, tally, self.store, wrap)
+
+    def groups(self, layer: int) -> tuple[list[CachedRows], int]:
+        """Layer ``layer``'s regions as ``CachedRows`` (their features gathered) and a bound on the region rows it
+        recomputes (each region's bound and its picks)."""
         plans = [r.plan(layer) for r in self.regions]
         groups = [CachedRows(r.rows, r.store.gather(layer, r.slots, r.rows.shape[1]), rec, verify, r.reuse,
                              (0, r.rows.shape[1])) for r, (rec, verify, _) in zip(self.regions, plans)]
-        if self.probes:
-            out, _ = probed_layer(ops, x, pos, groups, layer, self.probes, self.generator, tally)
-        else:
-            N = x.shape[0]
-            n = N + sum(b - r.rows.numel() for r, (_, _, b) in zip(self.regions, plans)) + \
-                sum(g.picks * g.rows.shape[0] for g in groups)  # rows outside regions + each region's bound
-            out = cached_layer(ops, x, pos, groups, self.generator, bucket(n, N), tally)
+        return groups, sum(b for _, _, b in plans) + sum(g.picks * g.rows.shape[0] for g in groups)
+
+    def store(self, layer: int, groups: list[CachedRows]) -> None:
+        """The features ``groups`` hold back into the regions' stores."""
         for r, g in zip(self.regions, groups):
             r.store.scatter(layer, r.slots, g.feats)
-        return out

@@ -230,9 +230,10 @@ class PackedStep:
         self.attention = PackedAttention(self.off, device)
         self.tally = torch.zeros(self.pos.shape[0], dtype=torch.long, device=device)
 
-    def layer(self, ops, x: torch.Tensor, layer: int) -> torch.Tensor:
-        """One layer over every row: x [N, d] -> [N, d] (``ops.attend`` may call ``attention``)."""
-        return self.step.layer(ops, x, self.pos, layer, tally=self.tally)
+    def run(self, ops, x: torch.Tensor, wrap=None) -> torch.Tensor:
+        """Every layer over every row (``ops[i]``: layer i's ``LayerOps``, whose ``attend`` may call ``attention``):
+        x [N, d] -> [N, d] (``wrap``: ``executor.run_layers``)."""
+        return self.step.run(ops, x, self.pos, self.tally, wrap)
 
     def recomputed(self, part: int, layer: int) -> bool:
         """Whether ``layer`` recomputes any position of part ``part`` of some request (host ints: no read)."""

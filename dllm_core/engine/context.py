@@ -118,12 +118,11 @@ class StepContext:
         """Every layer over x [N, d]: the cached step where one is planned (``ops(layer)``: its ``LayerOps``), else
         ``full(layer, x)``; each row's full-layer runs added to ``work`` at ``row_slots`` (no sync)."""
         tally = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
-        for i, layer in enumerate(layers):
-            if self.cached is None:
-                x = full(layer, x)
-                tally += 1
-            else:
-                x = self.cached.layer(layer if ops is None else ops(layer), x, positions, i, tally)
+        if self.cached is not None:
+            x = self.cached.run([layer if ops is None else ops(layer) for layer in layers], x, positions, tally)
+        for layer in layers if self.cached is None else ():
+            x = full(layer, x)
+            tally += 1
         self.count(tally)
         return x
 

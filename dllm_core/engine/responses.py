@@ -76,9 +76,9 @@ class ForwardPlan:
                                       [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
                                       [r.resp.feats for r in rows], ids.device)
         x = embed(ids if step.kept is None else ids[step.kept])  # [N, d] (a plan may leave positions out)
-        for i in range(n_layers):
-            x = step.layer(ops(i, step), x, i)
-            if prompt_kv is not None and step.recomputed(0, i):  # the prompts' K/V moved
+        x = step.run([ops(i, step) for i in range(n_layers)], x)
+        for i in range(n_layers) if prompt_kv is not None else ():
+            if step.recomputed(0, i):  # the prompts' K/V moved (a drift test's refresh included)
                 prompt_kv(i, *(torch.cat([g[0].store.bufs[j][i, 0] for g in step.regions]) for j in (0, 1)))
         self.work[torch.tensor([r.resp.slot for r in rows], device=x.device)] += step.work()  # no sync
         return x
