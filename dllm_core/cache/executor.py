@@ -431,7 +431,7 @@ class ProbedPass:
         h, N = x.clone(), x.shape[0]
         for i in range(min(a for _, a in again), self.n):
             h.index_copy_(0, self.outside, self.inputs[i])  # the rows in no region: the same K / V again
-            plan, _ = layer_groups(i)
+            plan, planned = layer_groups(i)
             redo = [CachedRows(g.rows, g.feats, torch.zeros_like(g.recompute), False, g.reuse, g.cand, g.dense)
                     for g in plan]
             for p, a in again:
@@ -441,7 +441,7 @@ class ProbedPass:
                     redo[g].recompute[j] = True
                     if tally is not None:  # the rows the plan had not run (the planned pass counted the others)
                         tally[plan[g].rows[j]] += 1 if a < i else (~plan[g].recompute[j]).long()
-            bound = _bound(sum(len(p.rows) for p, a in again if a <= i), plan, N)
+            bound = None if planned is None else _bound(sum(len(p.rows) for p, a in again if a <= i), plan, N)
             out = cached_layer(ops[i], h, pos, redo, bound=bound)
             for p, a in again:
                 if a == i:
