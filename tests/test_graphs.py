@@ -1,6 +1,8 @@
 """Graph capture of the decoding step (issue "every policy keeps the hosts' CUDA graphs"): what runs inside a step
 traces as one graph with no break (``torch.compile(fullgraph=True, dynamic=False)``, the tracing a CUDA-graph
 capture needs: no host read, no data-dependent shape), and one graph serves every step of a block."""
+from types import SimpleNamespace
+
 import pytest
 import torch
 import torch._dynamo
@@ -90,3 +92,51 @@ def test_each_policys_host_step_compiles_with_no_graph_break(llada, spec):
     assert len(got[1]) == len(eager[1]) and all(torch.equal(a, b) for a, b in zip(got[1], eager[1])), spec
     assert torch.equal(got[2], eager[2]), spec
     assert int(eager[2].sum()) < eager[0].shape[0] * llada.args.n_layers, f"{spec}: the step cached nothing"
+
+
+
+def block_canvas_step(model, spec: str, compiled: bool):
+    """The block canvas's second step (the core's ``BlockLifecycle``: SGLang's block scheduler's path) over two
+    requests' blocks of 8 under ``spec``, each block attending within itself -> (hidden [2 * 8, d], rows x layers
+    run per request)."""
+    import numpy as np
+
+    from dllm_core.engine.block_canvas import BlockLifecycle
+    from dllm_core.engine.host_options import FlatOptions
+    from dllm_core.models.layers import PackedAttention
+    from dllm_core.testing import PackedHostStep
+
+    a, n, slots = model.args, 8, np.array([0, 1])
+    opts = FlatOptions.parse("test", None, {"sampler": "low_confidence", "cache": spec})
+    lc = BlockLifecycle(n, a.mask_token_id, "cpu", features=(a.n_layers, a.n_kv_heads * a.head_dim, a.dim,
+                                                             model.embed.weight[:0]))
+    for s, P in enumerate((5, 3)):
+        lc.admit(s, f"r{s}", opts, 2 * n, P, None)
+    ids = torch.full((2, n), a.mask_token_id)
+    lc.start(slots, ids)
+    blocks = SimpleNamespace(attention=PackedAttention([0, n, 2 * n], "cpu"))
+    ops = {id(b): PackedHostStep._ops(SimpleNamespace(model=model), b, blocks) for b in model.layers}
+    pos = torch.arange(n).repeat(2)
+    run = lambda x: lc_ctx[0].run(model.layers, x, pos, None, lambda b: ops[id(b)])  # noqa: E731
+    lc_ctx = [lc.plan(slots, [0, 1], opts.caching)]  # the block's first step: every row through every layer
+    with torch.no_grad():
+        lc.take(slots, [0, 1], model.logits(run(model.embed(ids.flatten()))), ids)
+        lc_ctx[0] = lc.plan(slots, [0, 1], opts.caching)
+        assert lc_ctx[0] is not None, f"{spec}: the second step runs no cached layer"
+        if compiled:
+            run = torch.compile(run, fullgraph=True, dynamic=False, backend="eager")
+        return run(model.embed(ids.flatten())), lc.slots.token_layers[:2].clone()
+
+
+@pytest.mark.parametrize("spec", ["canvas:kr=4,rho=0.25", "canvas:kr=4,rho=0.5,select=key"])
+def test_the_block_canvas_cached_step_compiles_with_no_graph_break(llada, spec):
+    """The block canvas's cached step (``canvas``, the registered policy a whole-response host does not run: dLLM-Cache
+    over each request's block, V-verify picks to a bucket) traces with no graph break and equals eager: the same work
+    and hidden states (to float rounding: traced, each block's queries are padded to the block, eagerly to the most
+    any block asks, so attention sums in another order)."""
+    eager = block_canvas_step(llada, spec, compiled=False)
+    torch._dynamo.reset()
+    got = block_canvas_step(llada, spec, compiled=True)
+    torch.testing.assert_close(got[0], eager[0])
+    assert torch.equal(got[1], eager[1]), spec
+    assert int(eager[1].sum()) < 2 * 2 * 8 * llada.args.n_layers, f"{spec}: the step cached nothing"

@@ -190,20 +190,25 @@ class PackedAttention:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rows: torch.Tensor, n_heads: int,
                  n_kv: int, scale: float) -> torch.Tensor:
-        """q [n, Hq * D] of rows ``rows`` (ascending), k / v [N, Hkv * D] of every row -> [n, Hq * D]."""
+        """q [n, Hq * D] of rows ``rows`` (ascending; a row given more than once, an executor's padding, has the
+        same query each time), k / v [N, Hkv * D] of every row -> [n, Hq * D]."""
         D = q.shape[-1] // n_heads
         rid = torch.searchsorted(self.off[1:], rows, right=True)  # [n] request of each query row
-        cnt = torch.zeros_like(self.off[1:]).index_add_(0, rid, torch.ones_like(rid))  # [m] queries per request
+        new = torch.ones_like(rows, dtype=torch.bool)
+        new[1:] = rows[1:] != rows[:-1]  # [n] the first of a row's copies
+        uid = new.long().cumsum(0) - 1  # [n] the distinct query each row is
+        at = torch.zeros_like(rows).scatter_(0, uid, torch.arange(rows.shape[0], device=q.device))  # a copy of each
+        cnt = torch.zeros_like(self.off[1:]).index_add_(0, rid, new.long())  # [m] distinct queries per request
         first = cnt.cumsum(0) - cnt
         nq = min(self.longest, q.shape[0]) if _static() else int(cnt.max())
         j = torch.arange(nq, device=q.device)
-        qidx = torch.where(j < cnt[:, None], first[:, None] + j, 0)
+        qidx = at[torch.where(j < cnt[:, None], first[:, None] + j, 0)]  # [m, nq]
         Q = q.view(-1, n_heads, D)[qidx].transpose(1, 2)    # [m, Hq, nq, D]
         K = k.view(-1, n_kv, D)[self.kidx].transpose(1, 2)  # [m, Hkv, T, D]
         V = v.view(-1, n_kv, D)[self.kidx].transpose(1, 2)
         o = F.scaled_dot_product_attention(Q, K, V, attn_mask=self.kmask[:, None, None, :], scale=scale,
                                            enable_gqa=n_heads != n_kv)
-        col = torch.arange(q.shape[0], device=q.device) - first[rid]  # [n] each query's place in its request
+        col = uid - first[rid]  # [n] each query's place in its request
         return o.transpose(1, 2)[rid, col].reshape(q.shape[0], n_heads * D)
 
 
