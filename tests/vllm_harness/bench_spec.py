@@ -27,7 +27,9 @@ How it times (made to resolve a few per cent on a shared 2-core CPU):
   timed (every engine warm, the adaptive policy's lengths measured at that batch size, as a running server has);
   then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``);
 - ``--sessions``: the rounds are shared out over this many sets of fresh engines (each with its warm-up rounds), as
-  one engine process can run steadily a few per cent faster than another of the same mode.
+  one engine process can run steadily a few per cent faster than another of the same mode; the engines start in
+  reverse order every other session, after a spare plain engine that is never timed (the first engine started ran
+  slower than the next in every session measured).
 
 Reported, per c: requests/s and tokens/s (median over rounds), the ratio to plain (the median of the rounds' paired
 ratios - plain's pass seconds over the mode's, same prompts, same seconds - with their range, a distribution-free 95 %
@@ -216,9 +218,8 @@ class Load:
         return max(0.0, ((b1 - b0) - (o1 - o0)) / max(t1 - t0, 1e-9))
 
 
-def start_engines(a: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[str, subprocess.Popen], int]:
-    """Start one engine process per mode (one after the other: building is what loads the machine most); the
-    engines and their number of prompts."""
+def engine_env(a: argparse.Namespace) -> tuple[dict, list[str]]:
+    """The engines' environment and the command they run under (``setarch -R`` unless ``--random-layout``)."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "1" if a.multiprocess else "0"  # (whatever the caller's shell exports)
     env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(a.threads)
@@ -229,14 +230,25 @@ def start_engines(a: argparse.Namespace, modes: tuple[str, ...]) -> tuple[dict[s
     if not a.random_layout:  # two engines of the same code laid out alike: same string hashes, same addresses
         env["PYTHONHASHSEED"] = "0"
         wrap = ["setarch", "-R"] if shutil.which("setarch") else []
+    return env, wrap
+
+
+def start_engines(a: argparse.Namespace, modes: list[str]) -> tuple[dict[str, subprocess.Popen], list, int]:
+    """Start one engine process per mode, in the order of ``modes`` (one after the other: building is what loads the
+    machine most), after a spare plain engine that is never timed unless ``--no-spare`` (the first engine started ran
+    its passes 1-5 % slower than the next, in every session measured); the engines, the spare ones, the number of
+    prompts."""
+    env, wrap = engine_env(a)
     procs, count = {}, 0
-    for m in modes:  # its own group: its engine's processes end with it
+    for m in (["spare"] if a.spare else []) + list(modes):  # each in its own group: its engine's processes end with it
         procs[m] = subprocess.Popen(
-            wrap + [sys.executable, __file__, "--mode", m, "--tasks", a.tasks, "--n", str(a.n), "--max-new-tokens",
-             str(a.max_new_tokens), "--concurrency", a.concurrency, "--threads", str(a.threads), "--cpus", a.cpus],
+            wrap + [sys.executable, __file__, "--mode", "plain" if m == "spare" else m, "--tasks", a.tasks, "--n",
+                    str(a.n), "--max-new-tokens", str(a.max_new_tokens), "--concurrency", a.concurrency, "--threads",
+                    str(a.threads), "--cpus", a.cpus],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT, start_new_session=True)
         count = ask(procs[m])["prompts"]
-    return procs, count
+    spare = [procs.pop("spare")] if a.spare else []
+    return procs, spare, count
 
 
 def ratios(base: list[dict], rs: list[dict], key: str) -> dict:
@@ -272,12 +284,14 @@ def planned_rounds(a: argparse.Namespace, warm: dict) -> int:
 
 def session(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int], k: int, runs: dict, bg: dict,
             planned: dict) -> int:
-    """Session ``k``: fresh engines, then at each concurrency a warm-up round and this session's share of the
-    planned rounds (``runs``, ``bg``: appended to; ``planned``: filled by the first session). The prompts' count."""
-    procs = {}
-    try:
-        procs, count = start_engines(a, modes)
-        load, seq = Load([p.pid for p in procs.values()]), Sequence(list(modes))
+    """Session ``k``: fresh engines (started in reverse order in odd sessions), then at each concurrency a warm-up
+    round and this session's share of the planned rounds (``runs``, ``bg``: appended to; ``planned``: filled by the
+    first session). The prompts' count."""
+    procs, spare = {}, []
+    try:  # the start order reversed every other session (an engine's speed depends a little on it)
+        procs, spare, count = start_engines(a, list(modes)[::-1] if k % 2 else list(modes))
+        procs = {m: procs[m] for m in modes}
+        load, seq = Load([p.pid for p in procs.values()] + [p.pid for p in spare]), Sequence(list(modes))
         for c in conc:
             parts = chunks(count, c, a.chunk)
             warm = run_round(procs, c, parts, seq)
@@ -289,6 +303,7 @@ def session(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int], k: i
                 bg[c].append(round(load.cores(), 2))
     finally:
         stop(procs)
+        stop(dict(enumerate(spare)))
     return count
 
 
@@ -296,7 +311,7 @@ def measure(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int]) -> d
     """Every session's rounds, then per concurrency each mode's cell and the background load."""
     result = {"tasks": a.tasks, "max_new_tokens": a.max_new_tokens, "rounds": a.rounds, "seconds": a.seconds,
               "sessions": a.sessions, "clock": a.clock, "chunk": a.chunk, "threads": a.threads, "cpus": a.cpus,
-              "multiprocess": a.multiprocess, "fixed_layout": not a.random_layout,
+              "multiprocess": a.multiprocess, "fixed_layout": not a.random_layout, "spare": a.spare,
               "malloc": None if a.plain_malloc else os.environ.get("GLIBC_TUNABLES", MALLOC),
               "table": {}, "background": {}}
     t0, planned = time.monotonic(), {}
@@ -336,6 +351,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1, help="torch / OpenMP threads per engine")
     p.add_argument("--cpus", default=str(os.cpu_count() - 1),
                    help="CPUs every engine is pinned to (comma-separated), or 'none'")
+    p.add_argument("--no-spare", dest="spare", action="store_false",
+                   help="no spare plain engine started first (never timed) in each session")
     p.add_argument("--random-layout", action="store_true",
                    help="the engines with random string hashes and address layouts (default: PYTHONHASHSEED=0, "
                         "setarch -R)")
