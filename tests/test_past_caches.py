@@ -99,6 +99,9 @@ def test_elastic_refreshes_by_its_drift_test(deep):
     assert n0 == [3, 0, 0, 0, 31 * 3] and n1 == [32 * 3, 0, 0, 0, 0]
     assert always.token_layers == always.full_token_layers == 32 * T * L
     assert sum(n9[1:L]) > 0 and n9[L] < 31 * 3 and n9[0] == 3
+    for layers in (1, 2):  # the test at layers [0, layers) only: refreshes from no later layer
+        _, n = refreshes(deep, f"elastic:gamma=0.999,window=4,probe=1,layers={layers}", cfg)
+        assert n[layers] > 0 and sum(n[layers + 1:L]) == 0, (layers, n)
     assert never.token_layers < some.token_layers < always.token_layers
     assert never.token_layers < 0.4 * never.full_token_layers
     every, ne = refreshes(deep, "elastic:gamma=0,every=4", cfg)
@@ -167,6 +170,7 @@ def test_exact_modes_on_the_long_answer_model():
     ("dpad:cache=lru", "--cache dpad.cache must be one of ['dual', 'none', 'prefix'], got 'lru'"),
     ("dpad:decay=linear", "--cache dpad.decay must be one of ['gaussian', 'none'], got 'linear'"),
     ("dpad:window=-1", "--cache dpad.window must be >= 0, got -1"),
+    ("elastic:layers=-1", "--cache elastic.layers must be >= 0 (0 = the test at every layer but the last), got -1"),
     ("dpad:k=0", "--cache dpad.k must be > 0.0, got 0.0"),
     ("dpad:tail=-2", "--cache dpad.tail must be >= 0, got -2"),
     ("dpad:sigma=2", "--cache: dpad has no option 'sigma'; allowed: ['cache', 'decay', 'every', 'graphs', 'k', "
@@ -175,8 +179,8 @@ def test_exact_modes_on_the_long_answer_model():
     ("elastic:probe=0", "--cache elastic.probe must be >= 1, got 0"),
     ("elastic:every=-1", "--cache elastic.every must be >= 0 (0 = refresh only by the drift test), got -1"),
     ("elastic:gamma=high", "--cache elastic.gamma: cannot parse 'high' as float"),
-    ("elastic:layer=2", "--cache: elastic has no option 'layer'; allowed: ['every', 'gamma', 'graphs', 'probe', "
-                        "'window']"),
+    ("elastic:layer=2", "--cache: elastic has no option 'layer'; allowed: ['every', 'gamma', 'graphs', 'layers', "
+                        "'probe', 'window']"),
 ])
 def test_option_errors_name_the_option_and_allowed_values(spec, error):
     with pytest.raises(ValueError) as e:

@@ -25,6 +25,8 @@ every ``probe``-th response position takes part (the weights are computed explic
 is the engine's).
 
 ``every``: also refresh every layer of every position after this many steps (0 = only by the drift test).
+``layers``: the drift test at layers [0, layers) only (0 = every layer but the last; 1 = layer 0 alone: cheaper, as
+only a change of the keys' tokens moves layer 0's attention, and a failure there refreshes every layer).
 Exact modes: ``gamma=1`` (every step a full refresh) or ``every=1``; both equal ``none`` token for token.
 """
 from __future__ import annotations
@@ -106,7 +108,7 @@ class Drift:
         rows among the query rows whose token has not changed since the reference -> [] bool (True: drifted)."""
         pol, last = self.policy, 0 < self.layers <= layer + 1  # the last layer has nothing after it to refresh
         self.depth = max(self.depth, layer + 1)  # (a request's first step runs every layer in full: references)
-        if last:
+        if last or 0 < pol.layers <= layer:  # a layer the test does not run at
             return None
         if self.full_at(layer):
             self._reference(layer, ops, x, pos, keys)
@@ -214,7 +216,9 @@ class ElasticCache(CachePolicy):
     similarity threshold (a layer whose test gives less refreshes from there; 1 = every step, every layer: exact;
     0 = never); ``window``: masked positions after the fresh range recomputed with it (Elastic-Cache's sliding
     window: MASK positions outside it are cached); ``every``: a full refresh after this many steps (0 = only by the
-    test; 1 = exact); ``probe``: every probe-th response column takes part in the test."""
+    test; 1 = exact); ``probe``: every probe-th response column takes part in the test; ``layers``: the test runs at
+    layers [0, layers) only (0 = at every layer but the last, the paper's; 1: at layer 0 alone, whose failure refreshes
+    every layer)."""
 
     name: ClassVar[str] = "elastic"
     state_cls: ClassVar[type[CacheState]] = ElasticState
@@ -224,12 +228,14 @@ class ElasticCache(CachePolicy):
     window: int = 32
     every: int = 0
     probe: int = 4
+    layers: int = 0
 
     def __post_init__(self):
         check_range(self.gamma, 0.0, 1.0, "--cache elastic.gamma")
         check_min(self.window, 0, "--cache elastic.window")
         check_min(self.every, 0, "--cache elastic.every", note=" (0 = refresh only by the drift test)")
         check_min(self.probe, 1, "--cache elastic.probe")
+        check_min(self.layers, 0, "--cache elastic.layers", note=" (0 = the test at every layer but the last)")
 
     def host_plan(self, req: HostRequest, step: HostStep) -> HostPlan:
         """A host request's step: every position runs, in two parts - the generation's prompt and its response - with
