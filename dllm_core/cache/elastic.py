@@ -61,14 +61,14 @@ class Drift:
         self.lo = self.hi = self.start = 0
         self.full_from: int | None = None
         self.failed: int | None = None  # the layer whose test failed at this step
-        self.depth = self.layers = 0  # layers seen, and by the steps before this one (the last one is not tested)
+        self.depth = self.seen = 0  # layers seen, and by the steps before this one (the last one is not tested)
 
     def begin(self, tokens: torch.Tensor, fresh: tuple[int, int], canvas: int) -> None:
         """A step: ``tokens`` [T - canvas] the canvas's tokens now (positions [canvas, T)), ``fresh`` its range."""
         pol = self.policy
         full = self.prev is None or (pol.every > 0 and self.age + 1 >= pol.every) or pol.gamma >= 1
         lo, hi = fresh[0], min(fresh[1] + pol.window, self.T)
-        self.steps, self.layers = self.steps + 1, self.depth
+        self.steps, self.seen = self.steps + 1, self.depth
         if self.prev is not None:  # the previous step's commits lie in its fresh range
             lo, hi = min(lo, self.prev[0]), max(hi, self.prev[1])
             self._mark(tokens, canvas, self.steps)
@@ -106,7 +106,7 @@ class Drift:
     def after(self, layer, ops, x, pos, keys):
         """``LayerProbe.after``: a fully recomputed layer takes its reference; otherwise the drift test of the probe
         rows among the query rows whose token has not changed since the reference -> [] bool (True: drifted)."""
-        pol, last = self.policy, 0 < self.layers <= layer + 1  # the last layer has nothing after it to refresh
+        pol, last = self.policy, 0 < self.seen <= layer + 1  # the last layer has nothing after it to refresh
         self.depth = max(self.depth, layer + 1)  # (a request's first step runs every layer in full: references)
         if last or 0 < pol.layers <= layer:  # a layer the test does not run at
             return None
