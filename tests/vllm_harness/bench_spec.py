@@ -27,9 +27,8 @@ How it times (made to resolve a few per cent on a shared 2-core CPU):
   timed (every engine warm, the adaptive policy's lengths measured at that batch size, as a running server has);
   then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``);
 - ``--sessions``: the rounds are shared out over this many sets of fresh engines (each with its warm-up rounds), as
-  one engine process can run steadily a few per cent faster than another of the same mode; the engines start in
-  reverse order every other session, after a spare plain engine that is never timed (the first engine started ran
-  slower than the next in every session measured).
+  one engine process can run steadily a few per cent faster than another of the same mode (mostly the later
+  started); the engines start in reverse order every other session, after a spare plain engine never timed.
 
 Reported, per c: requests/s and tokens/s (median over rounds), the ratio to plain (the median of the rounds' paired
 ratios - plain's pass seconds over the mode's, same prompts, same seconds - with their range, a distribution-free 95 %
@@ -38,7 +37,7 @@ to plain's (greedy, float32; the fewest over rounds), the other clock's ratios, 
 second and the background load (cores busy with other processes while the rounds ran, from /proc):
 
     python tests/vllm_harness/bench_spec.py --modes plain,plain-b,adaptive,tokenswift-adaptive --rounds 12 \
-        --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
+        --seconds 36 --sessions 2 --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
     python tests/vllm_harness/bench_spec.py --tasks "count" --n 64 --max-new-tokens 256 --concurrency 16,64
 """
 from __future__ import annotations
@@ -235,9 +234,9 @@ def engine_env(a: argparse.Namespace) -> tuple[dict, list[str]]:
 
 def start_engines(a: argparse.Namespace, modes: list[str]) -> tuple[dict[str, subprocess.Popen], list, int]:
     """Start one engine process per mode, in the order of ``modes`` (one after the other: building is what loads the
-    machine most), after a spare plain engine that is never timed unless ``--no-spare`` (the first engine started ran
-    its passes 1-5 % slower than the next, in every session measured); the engines, the spare ones, the number of
-    prompts."""
+    machine most), after a spare plain engine that is never timed unless ``--no-spare`` (two plain engines differed
+    by 1-9 % in a session, mostly the later started faster; the spare did not remove that); the engines, the spare
+    ones, the number of prompts."""
     env, wrap = engine_env(a)
     procs, count = {}, 0
     for m in (["spare"] if a.spare else []) + list(modes):  # each in its own group: its engine's processes end with it
