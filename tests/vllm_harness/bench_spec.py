@@ -28,7 +28,8 @@ How it times (made to resolve a few per cent on a shared 2-core CPU):
   then ``--rounds`` rounds, or more where a pass is short (until plain decoding's passes add up to ``--seconds``);
 - ``--sessions``: the rounds are shared out over this many sets of fresh engines (each with its warm-up rounds), as
   one engine process can run steadily a few per cent faster than another of the same mode (mostly the later
-  started); the engines start in reverse order every other session, after a spare plain engine never timed.
+  started); the start order is reversed every other session and rotated every two (each mode's place the same on
+  average), after a spare plain engine never timed.
 
 Reported, per c: requests/s and tokens/s (median over rounds), the ratio to plain (the median of the rounds' paired
 ratios - plain's pass seconds over the mode's, same prompts, same seconds - with their range, a distribution-free 95 %
@@ -283,12 +284,13 @@ def planned_rounds(a: argparse.Namespace, warm: dict) -> int:
 
 def session(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int], k: int, runs: dict, bg: dict,
             planned: dict) -> int:
-    """Session ``k``: fresh engines (started in reverse order in odd sessions), then at each concurrency a warm-up
-    round and this session's share of the planned rounds (``runs``, ``bg``: appended to; ``planned``: filled by the
-    first session). The prompts' count."""
+    """Session ``k``: fresh engines (their start order rotated every two sessions, reversed in odd ones), then at
+    each concurrency a warm-up round and this session's share of the planned rounds (``runs``, ``bg``: appended to;
+    ``planned``: filled by the first session). The prompts' count."""
     procs, spare = {}, []
-    try:  # the start order reversed every other session (an engine's speed depends a little on it)
-        procs, spare, count = start_engines(a, list(modes)[::-1] if k % 2 else list(modes))
+    turn = list(modes[k // 2 % len(modes):] + modes[:k // 2 % len(modes)])  # rotated every two sessions
+    try:  # reversed every other session: each mode's place in the start order the same on average over two
+        procs, spare, count = start_engines(a, turn[::-1] if k % 2 else turn)
         procs = {m: procs[m] for m in modes}
         load, seq = Load([p.pid for p in procs.values()] + [p.pid for p in spare]), Sequence(list(modes))
         for c in conc:
