@@ -117,15 +117,19 @@ def block_canvas_step(model, spec: str, compiled: bool):
     blocks = SimpleNamespace(attention=PackedAttention([0, n, 2 * n], "cpu"))
     ops = {id(b): PackedHostStep._ops(SimpleNamespace(model=model), b, blocks) for b in model.layers}
     pos = torch.arange(n).repeat(2)
-    run = lambda x: lc_ctx[0].run(model.layers, x, pos, None, lambda b: ops[id(b)])  # noqa: E731
-    lc_ctx = [lc.plan(slots, [0, 1], opts.caching)]  # the block's first step: every row through every layer
-    with torch.no_grad():
-        lc.take(slots, [0, 1], model.logits(run(model.embed(ids.flatten()))), ids)
-        lc_ctx[0] = lc.plan(slots, [0, 1], opts.caching)
-        assert lc_ctx[0] is not None, f"{spec}: the second step runs no cached layer"
+
+    def run(ctx, x):
+        return ctx.run(model.layers, x, pos, None, lambda b: ops[id(b)])
+
+    with torch.no_grad():  # the block's first step: every row through every layer
+        first = run(lc.plan(slots, [0, 1], opts.caching), model.embed(ids.flatten()))
+        lc.take(slots, [0, 1], model.logits(first), ids)
+        ctx = lc.plan(slots, [0, 1], opts.caching)
+        assert ctx is not None, f"{spec}: the second step runs no cached layer"
+        step = lambda x: run(ctx, x)  # noqa: E731
         if compiled:
-            run = torch.compile(run, fullgraph=True, dynamic=False, backend="eager")
-        return run(model.embed(ids.flatten())), lc.slots.token_layers[:2].clone()
+            step = torch.compile(step, fullgraph=True, dynamic=False, backend="eager")
+        return step(model.embed(ids.flatten())), lc.slots.token_layers[:2].clone()
 
 
 @pytest.mark.parametrize("spec", ["canvas:kr=4,rho=0.25", "canvas:kr=4,rho=0.5,select=key"])
