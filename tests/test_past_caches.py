@@ -108,8 +108,7 @@ def test_elastic_refreshes_by_its_drift_test(deep):
     assert ne[0] == 3 * 8 and ne[L] == 3 * 24
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-def test_a_refresh_from_a_middle_layer_equals_a_step_planned_full_from_there(deep, monkeypatch, compiled):
+def test_a_refresh_from_a_middle_layer_equals_a_step_planned_full_from_there(deep, monkeypatch):
     """Elastic's two passes (``executor.run_layers``: the tests on the device, one read for the step): a request
     whose drift test fails at layer 2 ends the step with what a step planned full from layer 2 gives it - hidden
     rows, every stored feature, work - and the other request is untouched; eagerly and with each pass compiled
@@ -125,21 +124,21 @@ def test_a_refresh_from_a_middle_layer_equals_a_step_planned_full_from_there(dee
         got = after(self, layer, *a)
         return None if got is None else got.new_tensor(self in forced and layer == 2)
 
-    monkeypatch.setattr(elastic.Drift, "after", test)
-    wrap = (lambda f: torch.compile(f, fullgraph=True, dynamic=False, backend="eager")) if compiled else None
-    runs = []
-    for fail in (True, False):
-        torch._dynamo.reset()
+    def step(fail: bool, wrap=None):
         h = PackedHostStep(deep, "elastic:gamma=0.9,probe=1")
         d = h.reqs[0].state
         forced[:] = [d] if fail else []
         d.full_from = None if fail else 2  # the reference: planned full from layer 2
         with torch.no_grad():
-            runs.append((h.run(h.x, wrap), h.features(), h.step.work(), d.failed))
-    (got, feats, work, failed), (want, feats0, work0, _) = runs
-    assert failed == 2
-    assert torch.equal(got, want) and all(torch.equal(a, b) for a, b in zip(feats, feats0))
-    assert work.tolist() == work0.tolist() and work[0] > work[1], (work, work0)
+            return h.run(h.x, wrap), h.features(), h.step.work().tolist(), d.failed
+
+    monkeypatch.setattr(elastic.Drift, "after", test)
+    torch._dynamo.reset()
+    want = step(False)
+    for got in (step(True), step(True, lambda f: torch.compile(f, fullgraph=True, dynamic=False, backend="eager"))):
+        assert got[3] == 2
+        assert torch.equal(got[0], want[0]) and all(torch.equal(a, b) for a, b in zip(got[1], want[1]))
+        assert got[2] == want[2] and got[2][0] > got[2][1], (got[2], want[2])
 
 
 @pytest.mark.skipif(not (LONG / "model.safetensors").exists(), reason="shipped models/llada-long missing")
