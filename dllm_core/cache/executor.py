@@ -452,9 +452,7 @@ class ProbedPass:
                 stored(i, redo)
             h = out
         rows = torch.cat([p.rows for p, _ in again])
-        x = x.clone()
-        x[rows] = h[rows]
-        return x
+        return x.index_copy(0, rows, h.index_select(0, rows))  # the failed requests' rows from the refresh
 
 
 @dataclass

@@ -120,9 +120,10 @@ class StepContext:
         tally = torch.zeros(x.shape[0], dtype=torch.long, device=x.device)
         if self.cached is not None:
             x = self.cached.run([layer if ops is None else ops(layer) for layer in layers], x, positions, tally)
-        for layer in layers if self.cached is None else ():
-            x = full(layer, x)
-            tally += 1
+        else:
+            for layer in layers:
+                x = full(layer, x)
+            tally += len(layers)
         self.count(tally)
         return x
 
