@@ -71,6 +71,8 @@ def pair(tmp_path_factory):
 ENGINE = {"dtype": "float32", "enforce_eager": True, "max_model_len": 1024, "max_num_seqs": 4, "seed": 0,
           "disable_log_stats": False, "gpu_memory_utilization": 0.5}
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
+CYCLE = [0, 0, 0, SPEC_TOKENS]  # the cycled engines' draft count per step, in turn (synchronous scheduling: an
+# asynchronous scheduler's steps interleave with the runner's by timing)
 
 
 @pytest.fixture(scope="module")
@@ -83,9 +85,13 @@ def served(pair):
     batch = [{"prompt_token_ids": p, "params": {"temperature": 0.0, "max_tokens": MAX_TOKENS,
                                                 "stop_token_ids": pair["stop"]}} for p in pair["prompts"]]
     spec = {"method": "dflash", "model": str(pair["drafter"]), "num_speculative_tokens": SPEC_TOKENS}
-    jobs = {"dflash": {"speculative_config": spec}, "adaptive": {"speculative_config": spec, "scheduler_cls": ADAPTIVE}}
+    jobs = {"dflash": {"speculative_config": spec}, "adaptive": {"speculative_config": spec, "scheduler_cls": ADAPTIVE},
+            **dict.fromkeys(("cycled", "cycled-vllm"), {"speculative_config": spec, "async_scheduling": False})}
+    before = {name: {"fn": "engine_reports:cycled_drafts", "counts": CYCLE, "patched": name == "cycled"}
+              for name in ("cycled", "cycled-vllm")}
     return run_engines({name: {"model": str(pair["target"]), "engine": {**ENGINE, **extra}, "batches": [batch],
-                               "before": {"fn": "engine_reports:snapshot"}, "report": {"fn": "engine_reports:counters"}}
+                               "before": before.get(name, {"fn": "engine_reports:snapshot"}),
+                               "report": {"fn": "engine_reports:counters"}}
                         for name, extra in jobs.items()}, v2=False)
 
 
@@ -148,6 +154,17 @@ def test_vllm_adaptive_draft_length_is_lossless(served, pair):
     assert m["vllm:spec_decode_num_drafts"] > 0 and m["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
+def test_vllm_deferred_drafter_context_drafts_what_vllms_own_runner_drafts(served, pair):
+    """Two DFlash engines draft ``CYCLE``'s counts in turn (0, 0, 0, then the whole block). With the plugin's runner a
+    step that drafts nothing runs no proposer, and its drafter context is written in one append before the next
+    draft; vLLM's own runner writes it at every step (and drafts there, discarding the drafts). Every draft is the
+    same: the same tokens accepted, answers identical to plain decoding's."""
+    ours, theirs = served["cycled"], served["cycled-vllm"]
+    assert ours["batches"][0] == theirs["batches"][0] == pair["ours"]
+    assert ours["report"]["added"] == theirs["report"]["added"]
+    assert ours["report"]["added"]["vllm:spec_decode_num_accepted_tokens"] > 0
+
+
 def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     """The scheduler side without an engine: vLLM's batch size -> draft count lookup is the policy's choice; a
     decode-only step reports its batch, draft count and acceptance; a step with a prefill reports nothing."""
@@ -175,11 +192,11 @@ def test_draft_lengths_answer_vllms_table_and_take_its_steps():
 
 def _patched_in_this_process(out) -> None:
     from integrations.vllm import register
-    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     register()
-    out.put([getattr(DFlashProposer, "_dllm_patched_propose", False),
+    out.put([getattr(DFlashSpeculator, "_dllm_patched_propose", False),
              getattr(GPUModelRunner, "_dllm_patched_propose_draft_token_ids", False),
              getattr(GPUModelRunner, "_dllm_patched__sample", False)])
 

@@ -1,12 +1,14 @@
 """DFlash and TokenSwift at the core's adaptive draft length in vLLM: ``--scheduler-cls
 integrations.vllm.spec.AdaptiveDraftScheduler`` (``AsyncAdaptiveDraftScheduler`` with async scheduling): vLLM's
-dynamic speculative decoding asks the policy each step's draft count; a DFlash step that drafts nothing skips the
-drafter's query forward (``patch_dflash``), a ``custom_class`` proposer (TokenSwift) is told the count
-(``patch_custom_proposer``), a step without drafts samples as plain decoding (``patch_draftless_sampling``).
+dynamic speculative decoding asks the policy each step's draft count; a DFlash step that drafts nothing runs no
+proposer, its drafter context deferred to the next draft, a ``custom_class`` proposer (TokenSwift) is told the
+count (``patch_proposers``), a step without drafts samples as plain decoding
+(``patch_draftless_sampling``).
 """
 from __future__ import annotations
 
 from dllm_core.drafters.adaptive import AdaptiveDraft, DraftLengths
+from dllm_core.drafters.deferred import DeferredContext, paged_slots
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -55,17 +57,21 @@ def _patched(cls, name: str, wrap) -> None:
 def patch_runner() -> None:
     """The runner patches below, where a runner runs (``register`` in a worker process, the scheduler in-process).
     None changes a step whose draft count is the configured one."""
-    patch_dflash()
-    patch_custom_proposer()
+    patch_proposers()
     patch_draftless_sampling()
 
 
-def patch_dflash() -> None:
-    """vLLM's DFlash drafter skips its query forward for a step that drafts nothing (both runners; eager steps; the
-    context K/V of the step's tokens are still stored). ``patches/vllm/README.md``."""
+def patch_proposers() -> None:
+    """The step's draft count where vLLM 0.32's runners do not act on it (``patches/vllm/README.md``):
+    - a ``custom_class`` proposer (TokenSwift) is called without it (every other proposer gets
+      ``num_spec_tokens_to_schedule``): it is set as the proposer's ``num_speculative_tokens`` before each call;
+    - DFlash at a step that drafts nothing (eager steps): the default runner calls no proposer; the step's target rows
+      (the drafter's context) are held by the core's ``DeferredContext`` and written in one append before the next
+      draft, or once the rows held reach its limit. Model Runner V2 skips the drafter's query forward."""
     import torch
     from vllm.v1.spec_decode.dflash import DFlashProposer
     from vllm.v1.worker.gpu.spec_decode.dflash.speculator import DFlashSpeculator
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     def v2_propose(propose):  # Model Runner V2: the draft count gates _generate_draft
         def _propose(self, *args, num_speculative_tokens=None, **kwargs):
@@ -77,36 +83,31 @@ def patch_dflash() -> None:
     _patched(DFlashSpeculator, "_generate_draft", lambda generate: lambda self, *a, **kw: (
         None if getattr(self, "_dllm_skip", False) else generate(self, *a, **kw)))
 
-    def v1_propose(propose):  # the default runner, called with keywords: the context K/V stored, no forward
-        def _propose(self, num_speculative_tokens, **kw):
-            if num_speculative_tokens:
-                return propose(self, num_speculative_tokens=num_speculative_tokens, **kw)
-            self.num_speculative_tokens, self._last_draft_probs, cad = 0, None, kw["common_attn_metadata"]
-            n, _, _ = self.set_inputs_first_pass(
-                target_hidden_states=self.model.combine_hidden_states(kw["target_hidden_states"]), cad=cad,
-                **{k: kw.get(k) for k in ("target_token_ids", "next_token_ids", "target_positions",
-                                          "token_indices_to_sample", "num_rejected_tokens_gpu")})
-            self.build_model_inputs_first_pass(n, n, kw.get("mm_embed_inputs"))
+    def v1_runner(propose):  # the default runner: (scheduler_output, sampled, sampling metadata, hidden, sample
+        def _propose(self, out, sampled, *args):  # hidden, aux hidden, spec metadata, attention metadata, slots)
+            drafter, k = self.drafter, out.num_spec_tokens_to_schedule
+            if self.speculative_config is not None and self.speculative_config.method == "custom_class":
+                drafter.num_speculative_tokens = k
+            if not isinstance(drafter, DFlashProposer):
+                return propose(self, out, sampled, *args)
+            held, m = vars(drafter).setdefault("_dllm_held", DeferredContext()), drafter.model
+            append = lambda h, slots, pos: m.precompute_and_store_context_kv(m.combine_hidden_states(h), pos, slots)
+            if k:
+                held.write(append)
+                return propose(self, out, sampled, *args)
+            if self.valid_sampled_token_count_event is not None:  # async scheduling reads the step's counts
+                self._copy_valid_sampled_token_count(*drafter.prepare_next_token_ids_padded(
+                    sampled, self.requests, self.input_batch, self.discard_request_mask.gpu))
+            hidden, aux, cad, n = args[1], args[3], args[5], out.total_num_scheduled_tokens
+            pos = self._get_positions(n).clone()
+            rows = torch.cat([h[:n] for h in aux], -1) if self.use_aux_hidden_state_outputs else hidden[:n].clone()
+            slots = paged_slots(cad.block_table_tensor, cad.query_start_loc, pos, drafter.block_size)
+            if held.add(rows, slots, slots, pos, ()):  # (the drafter's slots are the target's: one block table)
+                held.write(append)
             return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
         return _propose
 
-    _patched(DFlashProposer, "propose", v1_propose)
-
-
-def patch_custom_proposer() -> None:
-    """vLLM 0.32's runner calls a ``custom_class`` proposer without the step's draft count (every other proposer gets
-    ``num_spec_tokens_to_schedule``): set it as the proposer's ``num_speculative_tokens`` before each call.
-    ``patches/vllm/README.md``."""
-    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
-
-    def wrap(propose):
-        def _propose(self, scheduler_output, *args, **kwargs):
-            if self.speculative_config is not None and self.speculative_config.method == "custom_class":
-                self.drafter.num_speculative_tokens = scheduler_output.num_spec_tokens_to_schedule
-            return propose(self, scheduler_output, *args, **kwargs)
-        return _propose
-
-    _patched(GPUModelRunner, "propose_draft_token_ids", wrap)
+    _patched(GPUModelRunner, "propose_draft_token_ids", v1_runner)
 
 
 def patch_draftless_sampling() -> None:

@@ -42,6 +42,29 @@ def snapshot(llm, record_proposals: bool = False) -> None:
         drafter.propose = recorded
 
 
+class Cycle:
+    """A draft count per scheduled step, in turn (vLLM's ``dynamic_sd_lookup``, read once per step)."""
+
+    def __init__(self, counts: list[int]):
+        self.counts, self.n = counts, 0
+
+    def __getitem__(self, batch: int) -> int:
+        self.n += 1
+        return self.counts[(self.n - 1) % len(self.counts)]
+
+
+def cycled_drafts(llm, counts: list[int], patched: bool) -> None:
+    """``before``: ``snapshot``, then the engine's scheduler drafts ``counts`` in turn, one per step; ``patched``: the
+    runner with the plugin's patches (a step that drafts nothing runs no DFlash proposer, its context deferred), else
+    vLLM's own (the drafter runs at every step, its drafts discarded where the count is 0)."""
+    snapshot(llm)
+    llm.llm_engine.engine_core.engine_core.scheduler.dynamic_sd_lookup = Cycle(counts)
+    if patched:
+        from integrations.vllm.spec import patch_runner
+
+        patch_runner()
+
+
 def counters(llm) -> dict:
     """``report``: what the batches added to vLLM's speculative counters and the proposer's own ``stats``, the
     proposer's class, whether it holds heads / pads its drafts, and the recorded proposals."""
