@@ -39,6 +39,7 @@ import torch
 import torch.nn.functional as F
 
 from ..options import check_choice, check_range
+from .graphs import note
 
 
 class LayerOps(Protocol):
@@ -173,6 +174,7 @@ def cached_layer(ops: LayerOps, x: torch.Tensor, pos: torch.Tensor, groups: Sequ
     if tally is not None:
         tally += rec
     ridx, pad, spare = _recomputed(rec, bound)
+    note("layer", x.shape[0], ridx.shape[0])
     dense = len(groups) == 1 and groups[0].dense
     k, v, a, f = _flat(groups, x) if not dense else (t.flatten(0, 1) for t in groups[0].feats.tensors())
     if ridx.shape[0]:  # (index_select / index_copy_: row copies without advanced indexing's overhead)

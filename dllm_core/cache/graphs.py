@@ -1,7 +1,9 @@
 """CUDA-graph replay of fixed-shape window forwards (gpt-fast style): one capture per input shape,
-inputs copied into static tensors, outputs read from the captured ones. Off on CPU."""
+inputs copied into static tensors, outputs read from the captured ones. Off on CPU. ``StepShapes``: the distinct
+shapes a run's cached steps take (what a graph per shape would capture)."""
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 import torch
@@ -40,3 +42,27 @@ class GraphRunner:
         with torch.cuda.graph(graph, pool=self.pool):
             out = self.fn(*static_in)
         return graph, static_in, out
+
+
+class StepShapes:
+    """Within ``with StepShapes() as shapes``: how often each shape of a cached step ran (``seen``), by what
+    ``note`` is told: ``("layer", N, n)`` a cached layer over N rows recomputing n (the bucket), ``("attention", m,
+    q, T)`` packed attention of m requests, q query rows each, over T keys. One recorder at a time (a test's)."""
+
+    active: "StepShapes | None" = None
+
+    def __init__(self):
+        self.seen: Counter = Counter()
+
+    def __enter__(self) -> "StepShapes":
+        StepShapes.active = self
+        return self
+
+    def __exit__(self, *exc) -> None:
+        StepShapes.active = None
+
+
+def note(*shape) -> None:
+    """Count ``shape`` in the active ``StepShapes`` (none: nothing)."""
+    if StepShapes.active is not None:
+        StepShapes.active.seen[shape] += 1

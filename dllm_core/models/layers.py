@@ -201,6 +201,9 @@ class PackedAttention:
         cnt = torch.zeros_like(self.off[1:]).index_add_(0, rid, new.long())  # [m] distinct queries per request
         first = cnt.cumsum(0) - cnt
         nq = min(self.longest, q.shape[0]) if _static() else int(cnt.max())
+        from ..cache.graphs import note  # (the cache package imports this module)
+
+        note("attention", self.kmask.shape[0], nq, self.longest)
         j = torch.arange(nq, device=q.device)
         qidx = at[torch.where(j < cnt[:, None], first[:, None] + j, 0)]  # [m, nq]
         Q = q.view(-1, n_heads, D)[qidx].transpose(1, 2)    # [m, Hq, nq, D]
