@@ -165,26 +165,36 @@ def test_a_served_run_of_32_mixed_requests_selects_rows_in_buckets(models, monke
     assert len({b for _, b in seen}) <= 8, sorted({b for _, b in seen})
 
 
-def test_a_served_runs_cached_steps_recompute_rows_of_the_bucket_set(models):
+def test_a_served_runs_cached_steps_take_shapes_of_the_bucket_set(models, monkeypatch):
     """32 requests of mixed prompt lengths, each with its own cache (``custom_params``: Fast-dLLM, dLLM-Cache, DPad,
-    Elastic), served in batches of 1 to 20 on the whole-response path: the distinct shapes of its cached steps
-    (``StepShapes``). Every cached layer recomputes a row count of the bucket set {16, 32, 64, ...} or the forward's
-    rows (issue 55's fixed shapes). The forward's rows and the packed attention's shapes follow each batch's requests;
-    their counts are printed (not yet from a finite set)."""
+    Elastic), served in batches of 1 to 20 on the whole-response path, and the distinct shapes of its cached steps
+    (``StepShapes``; issue 55's fixed shapes). As served on a CPU, every cached layer recomputes a row count of the
+    bucket set {16, 32, 64, ...} or the forward's rows, which follow each batch's requests. With ``buckets`` (what a
+    host that captures a graph per shape sets) the forward's rows, the attention's requests and keys are padded too:
+    every shape is of the bucket set, and every answer is the same."""
     from dllm_core.cache.graphs import StepShapes
+    from dllm_core.engine.responses import ResponseLifecycle
 
     _, sg, ref = models["llada"]
     g = torch.Generator().manual_seed(3)
     prompts = [torch.randint(5, 90, (int(n),), generator=g).tolist() for n in torch.randint(2, 25, (32,), generator=g)]
     caches = ["dual", "prefix", "dllm:kp=3,kr=2,rho=0.5", "dpad:window=4,decay=none,tail=1", "elastic:gamma=0.9"]
     sampling = [{"custom_params": {"dllm": {"cache": caches[i % len(caches)]}}} for i in range(len(prompts))]
-    with StepShapes() as shapes:  # in batches of 1, 3, 8 and 20 requests
-        for a, b in ((0, 1), (1, 4), (4, 12), (12, 32)):
-            serve(sg, ref.args.mask_token_id, LAUNCH, sampling[a:b], prompts[a:b])
-    layers = {s[1:] for s in shapes.seen if s[0] == "layer"}
-    attention = {s[1:] for s in shapes.seen if s[0] == "attention"}
-    assert layers and attention
-    assert all(n == N or (n >= 16 and n & (n - 1) == 0) for N, n in layers), sorted(layers)
-    print(json.dumps({"layer_shapes": len(layers), "forward_rows": len({N for N, _ in layers}),
-                      "recomputed_rows": sorted({n for _, n in layers}), "attention_shapes": len(attention),
-                      "forwards": sum(v for s, v in shapes.seen.items() if s[0] == "attention") // ref.args.n_layers}))
+    pow2 = lambda n: n & (n - 1) == 0  # noqa: E731
+    runs = {}
+    for buckets in (False, True):
+        monkeypatch.setattr(ResponseLifecycle, "buckets", buckets)
+        with StepShapes() as shapes:  # in batches of 1, 3, 8 and 20 requests
+            out = [serve(sg, ref.args.mask_token_id, LAUNCH, sampling[a:b], prompts[a:b])
+                   for a, b in ((0, 1), (1, 4), (4, 12), (12, 32))]
+        layers = {s[1:] for s in shapes.seen if s[0] == "layer"}
+        attention = {s[1:] for s in shapes.seen if s[0] == "attention"}
+        assert layers and attention
+        assert all(n == N or (n >= 16 and pow2(n)) for N, n in layers), sorted(layers)
+        runs[buckets] = out
+        print(json.dumps({"buckets": buckets, "layer_shapes": len(layers), "forward_rows": sorted({N for N, _ in layers}),
+                          "attention_shapes": sorted(attention),
+                          "forwards": sum(v for s, v in shapes.seen.items() if s[0] == "attention") // 2}))
+    assert all(N >= 16 and pow2(N) for N, _ in layers), sorted(layers)
+    assert all(pow2(m) and pow2(T) and q == min(T, q) for m, q, T in attention), sorted(attention)
+    assert runs[True] == runs[False]

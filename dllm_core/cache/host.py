@@ -211,23 +211,28 @@ class PackedStep:
     through the executor with the parts each request's plan names (``parts``: (name, start, end) per request in
     positions, ``HostPlan.cover``) and the core's ``PackedAttention``. ``kept`` [N]: each row's index in the requests'
     whole sequences concatenated (None: every position is a row). ``tally`` [N] counts each row's full-layer runs
-    (work, summed without a sync)."""
+    (work, summed without a sync). ``buckets`` (a host that captures a graph per shape): the rows padded to the
+    bucket set {16, 32, 64, ...} (``pad`` rows after the requests', run through every layer as requests of at most
+    the longest's keys, their work not counted), and the attention's requests and keys too (``PackedAttention``)."""
 
     def __init__(self, plans: list[HostPlan], ends: list[int], parts: list[list[tuple[str, int, int]]], stores: list,
-                 device):
+                 device, buckets: bool = False):
         from ..models.layers import PackedAttention
-        from .executor import CachedStep
+        from .executor import CachedStep, bucket
 
         seen = [np.arange(e) if p.keep is None else p.keep for p, e in zip(plans, ends)]  # each request's positions
         self.plans, self.ends, self.lengths, self.device = plans, ends, [len(k) for k in seen], device
         self.off = [0, *np.cumsum(self.lengths).tolist()]
-        self.pos = torch.as_tensor(np.concatenate(seen), device=device)  # [N]
+        self.pad = bucket(self.off[-1], 1 << 62) - self.off[-1] if buckets else 0
+        self.pos = torch.as_tensor(np.concatenate([*seen, np.arange(self.pad)]), device=device)  # [N (+ pad)]
         self.kept = None if all(p.keep is None for p in plans) else torch.as_tensor(  # offsets in the whole sequences
             np.concatenate([o + k for o, k in zip(np.cumsum([0, *ends[:-1]]).tolist(), seen)]), device=device)
         self.parts = [[p.cover(n, p.compact(a), p.compact(b)) for n, a, b in names] for p, names in zip(plans, parts)]
         self.regions = [p.regions(o, st, device, parts) for p, o, st, parts in zip(plans, self.off, stores, self.parts)]
         self.step = CachedStep([r for rs in self.regions for r in rs])
-        self.attention = PackedAttention(self.off, device)
+        n, t = self.off[-1], 1 << (max(self.lengths) - 1).bit_length()  # padding rows: requests of <= t keys
+        self.attention = PackedAttention(self.off + [*range(n + t, n + self.pad, t), n + self.pad] * bool(self.pad),
+                                         device, buckets)
         self.tally = torch.zeros(self.pos.shape[0], dtype=torch.long, device=device)
 
     def run(self, ops, x: torch.Tensor, wrap=None) -> torch.Tensor:
@@ -254,4 +259,4 @@ class PackedStep:
         """Rows x layers run through a full layer, per request: [m] (no sync)."""
         n, dev = len(self.lengths), self.device
         rid = torch.repeat_interleave(torch.arange(n, device=dev), torch.tensor(self.lengths, device=dev))
-        return torch.zeros(n, dtype=torch.long, device=dev).index_add_(0, rid, self.tally)
+        return torch.zeros(n, dtype=torch.long, device=dev).index_add_(0, rid, self.tally[:self.off[-1]])

@@ -64,18 +64,22 @@ class ForwardPlan:
     shift: int
     work: torch.Tensor | None = None  # the core's per-slot tally (full-layer rows are added to it, no sync)
     step: PackedStep | None = None  # the forward's executor step (``hidden``)
+    buckets: bool = False  # rows, requests and keys padded to the bucket set (``PackedStep``)
 
     def hidden(self, embed, n_layers: int, ops, prompt_kv=None) -> torch.Tensor:
         """Pre-norm final hidden states [N, d] of each live request's positions [0, P + G) that its plan keeps,
-        concatenated: two parts per request (prompt, response) through the core's ``PackedStep``; ``ops(i, step)``:
-        layer i's ``LayerOps`` (its ``attend`` may use ``step.attention``); ``prompt_kv(i, k, v)``: the prompts' K / V
-        [sum P, kv] of a layer that recomputed some of them (a host writes them into its pool)."""
+        concatenated (and ``buckets``' padding rows after them): two parts per request (prompt, response) through
+        the core's ``PackedStep``; ``ops(i, step)``: layer i's ``LayerOps`` (its ``attend`` may use
+        ``step.attention``); ``prompt_kv(i, k, v)``: the prompts' K / V [sum P, kv] of a layer that recomputed some of
+        them (a host writes them into its pool)."""
         rows = [r for r in self.rows if r is not None]
         ids = torch.cat([r.ids for r in rows])
         self.step = step = PackedStep([r.plan for r in rows], [r.resp.end for r in rows],
                                       [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
-                                      [r.resp.feats for r in rows], ids.device)
+                                      [r.resp.feats for r in rows], ids.device, self.buckets)
         x = embed(ids if step.kept is None else ids[step.kept])  # [N, d] (a plan may leave positions out)
+        if step.pad:
+            x = torch.cat([x, x.new_zeros(step.pad, x.shape[1])])  # [N + pad, d]
         x = step.run([ops(i, step) for i in range(n_layers)], x)
         for i in range(n_layers) if prompt_kv is not None else ():
             if step.recomputed(0, i):  # the prompts' K/V moved (a drift test's refresh included)
@@ -94,7 +98,11 @@ class ForwardPlan:
 class ResponseLifecycle:
     """The module doc's lifecycle over the core's ``ResponseSlots`` (``slots``): each request's ``Response`` by slot,
     its plan per forward (``plan``), the core's step after it (``take``) and its logprobs for the host (``logprobs``).
-    ``features`` (layers, kv width, dim, a weight of the model's dtype): each decoding request's feature stores."""
+    ``features`` (layers, kv width, dim, a weight of the model's dtype): each decoding request's feature stores.
+    ``buckets`` (a host that captures a graph per shape sets it; none does yet): each forward's shapes from the
+    bucket set."""
+
+    buckets = False
 
     def __init__(self, L: int, mask_id: int, device, seed: int = 0, features=(0, 0, 0, None)):
         self.L, self.mask_id, self.device, self.features = L, mask_id, device, features
@@ -146,7 +154,8 @@ class ResponseLifecycle:
                     r.feats = PartStores(*self.features)
             core.count(ls, (P + G) * core.layers)  # what the uncached loop runs
         self.batch = (resps, offsets, live)
-        return StepContext(packed=ForwardPlan(slots, rows, shift, core.token_layers))  # the plan tallies work
+        return StepContext(packed=ForwardPlan(slots, rows, shift, core.token_layers,  # the plan tallies work
+                                              buckets=self.buckets))
 
     def take(self, logits: torch.Tensor, ids: torch.Tensor) -> list[bool]:
         """After the forward: one step of the loop for the live rows (``logits`` [B * L, V] of the batch's blocks);

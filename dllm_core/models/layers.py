@@ -178,11 +178,16 @@ class PackedAttention:
     [off[i], off[i + 1]), its whole sequence): each query attends to every position of its own request (torch
     SDPA, one padded batch). A host's ``LayerOps.attend`` when it runs whole sequences outside its own kernels.
     Eager, the queries are padded to the most any request asks (one read); traced or captured (``torch.compile``,
-    a CUDA graph), to the shapes alone (min(longest request, query rows)): no read."""
+    a CUDA graph), to the shapes alone (min(longest request, query rows)): no read. ``buckets``: the requests and
+    the keys each padded to a power of two (empty requests; keys masked) and the queries to the shapes alone, so the
+    shapes come from a finite set."""
 
-    def __init__(self, off: list[int], device):
-        self.off = torch.tensor(off, device=device)
-        self.longest = max(b - a for a, b in zip(off, off[1:]))
+    def __init__(self, off: list[int], device, buckets: bool = False):
+        longest = max(b - a for a, b in zip(off, off[1:]))
+        if buckets:
+            off = off + off[-1:] * ((1 << (len(off) - 2).bit_length()) - len(off) + 1)
+            longest = 1 << (longest - 1).bit_length()
+        self.off, self.longest, self.buckets = torch.tensor(off, device=device), longest, buckets
         t = torch.arange(self.longest, device=device)
         n = self.off.diff()
         self.kmask = t < n[:, None]                                      # [m, T]
@@ -200,7 +205,7 @@ class PackedAttention:
         at = torch.zeros_like(rows).scatter_(0, uid, torch.arange(rows.shape[0], device=q.device))  # a copy of each
         cnt = torch.zeros_like(self.off[1:]).index_add_(0, rid, new.long())  # [m] distinct queries per request
         first = cnt.cumsum(0) - cnt
-        nq = min(self.longest, q.shape[0]) if _static() else int(cnt.max())
+        nq = min(self.longest, q.shape[0]) if _static() or self.buckets else int(cnt.max())
         from ..cache.graphs import note  # (the cache package imports this module)
 
         note("attention", self.kmask.shape[0], nq, self.longest)
