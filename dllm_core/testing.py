@@ -132,14 +132,15 @@ class PackedHostStep:
     contract: two requests (prompts 5 and 3, one canvas of 16 in blocks of 8), a first step that recomputes
     everything, two tokens committed, then this step (``run``: every layer through ``PackedStep``; a test traces
     or captures it). ``ops`` are a host's ``LayerOps`` over the embedded blocks with the core's packed attention, or
-    ``make_ops(layer, step)``'s (a tensor-parallel rank's: ``kv`` its K / V width)."""
+    ``make_ops(layer, step)``'s (a tensor-parallel rank's: ``kv`` its K / V width); ``buckets``: ``PackedStep``'s
+    (the rows padded to the bucket set, x holding the padding rows)."""
 
-    def __init__(self, model, spec: str, device="cpu", make_ops=None, kv: int | None = None):
+    def __init__(self, model, spec: str, device="cpu", make_ops=None, kv: int | None = None, buckets: bool = False):
         from .cache import HostRequest, make_cache
         from .cache.executor import PartStores
 
         a, g = model.args, torch.Generator().manual_seed(0)
-        self.model, self.device = model, torch.device(device)
+        self.model, self.device, self.buckets = model, torch.device(device), buckets
         self.prompts = [torch.randint(0, 20, (P,), generator=g).to(device) for P in (5, 3)]
         self.canvas = [torch.full((16,), a.mask_token_id, device=device) for _ in self.prompts]
         self.reqs = [HostRequest(make_cache(spec), prompt_len=len(p), device=self.device) for p in self.prompts]
@@ -163,9 +164,10 @@ class PackedHostStep:
                  for r, p, c in zip(self.reqs, self.prompts, self.canvas)]
         ends = [len(p) + 16 for p in self.prompts]
         parts = [[("prompt", 0, len(p)), ("response", len(p), e)] for p, e in zip(self.prompts, ends)]
-        self.step = PackedStep(plans, ends, parts, self.stores, self.device)
+        self.step = PackedStep(plans, ends, parts, self.stores, self.device, self.buckets)
         ids = torch.cat([torch.cat([p, c]) for p, c in zip(self.prompts, self.canvas)])
-        self.x = self.model.embed(ids if self.step.kept is None else ids[self.step.kept])  # [N, d]
+        x = self.model.embed(ids if self.step.kept is None else ids[self.step.kept])  # [N, d]
+        self.x = torch.cat([x, x.new_zeros(self.step.pad, x.shape[1])])  # [N (+ pad), d]
         self.ops = [self.make_ops(b, self.step) for b in self.model.layers]
 
     def _ops(self, layer, step):

@@ -63,10 +63,11 @@ def captured(f, graphs: list):
     return call
 
 
-def passes_captured(m, arch: str, spec: str) -> int:
+def passes_captured(m, arch: str, spec: str, buckets: bool = False) -> int:
     """A step with a test after each layer (Elastic): its passes captured (``run_layers(wrap=...)``, the kernels warmed
     by the policies before it) against a twin step run eagerly."""
-    ref, h, graphs = PackedHostStep(m, spec, "cuda"), PackedHostStep(m, spec, "cuda"), []
+    (ref, h), graphs = (PackedHostStep(m, spec, "cuda", buckets=buckets) for _ in range(2)), []
+    spec += " (buckets)" * buckets
     with torch.no_grad():
         want = ref.run(ref.x)
         try:
@@ -82,12 +83,14 @@ def passes_captured(m, arch: str, spec: str) -> int:
 
 
 def host_step_captured(m, arch: str) -> int:
+    """Each policy's whole-response host step captured as one CUDA graph, as served and padded to the bucket set."""
     bad = 0
-    for spec in HOST:
+    for spec, buckets in [(s, b) for b in (False, True) for s in HOST]:
         if spec.startswith("elastic"):
-            bad += passes_captured(m, arch, spec)
+            bad += passes_captured(m, arch, spec, buckets)
             continue
-        h = PackedHostStep(m, spec, "cuda")
+        h = PackedHostStep(m, spec, "cuda", buckets=buckets)
+        spec += " (buckets)" * buckets
         with torch.no_grad():
             snap, x = h.features(), h.x.clone()
             ref, feats, work = h.run(x).clone(), h.features(), h.step.work().clone()

@@ -67,27 +67,29 @@ HOST_POLICIES = ["prefix", "dual", "dllm:kp=3,kr=2,rho=0.25", "dllm:kp=3,kr=2,rh
                  "dpad:window=4,decay=none,tail=1", "elastic:gamma=0.9"]
 
 
-def host_forward(model, spec: str, compiled: bool):
-    """The core's ``PackedHostStep`` (a cached step of two requests on a whole-response host) run eagerly or compiled
-    -> (hidden [N, d], every stored feature, rows x layers run per request)."""
+def host_forward(model, spec: str, compiled: bool, buckets: bool = False):
+    """The core's ``PackedHostStep`` (a cached step of two requests on a whole-response host, ``buckets``: its rows
+    padded to the bucket set) run eagerly or compiled -> (hidden [N, d], every stored feature, rows x layers run per
+    request)."""
     from dllm_core.testing import PackedHostStep
 
-    h = PackedHostStep(model, spec)
+    h = PackedHostStep(model, spec, buckets=buckets)
     wrap = (lambda f: torch.compile(f, fullgraph=True, dynamic=False, backend="eager")) if compiled else None
     with torch.no_grad():
         out = h.run(h.x, wrap)
     return out, h.features(), h.step.work()
 
 
-@pytest.mark.parametrize("spec", HOST_POLICIES)
-def test_each_policys_host_step_compiles_with_no_graph_break(llada, spec):
+@pytest.mark.parametrize("spec,buckets", [(s, False) for s in HOST_POLICIES] +
+                         [(s, True) for s in ("dual", "dpad:window=4,decay=none,tail=1", "elastic:gamma=0.9")])
+def test_each_policys_host_step_compiles_with_no_graph_break(llada, spec, buckets):
     """A cached host step (the core's ``PackedStep``: plan regions, V-verify picks, the recomputed rows to a bucket,
     packed attention; Elastic's planned pass with its drift tests on the device) traces with no graph break under
     ``torch.compile(fullgraph=True, dynamic=False)``, and its hidden states, stored features and work equal the eager
-    step's (a refresh pass: ``test_past_caches``)."""
-    eager = host_forward(llada, spec, compiled=False)
+    step's (a refresh pass: ``test_past_caches``); so does the step padded to the bucket set (``buckets``)."""
+    eager = host_forward(llada, spec, False, buckets)
     torch._dynamo.reset()
-    got = host_forward(llada, spec, compiled=True)
+    got = host_forward(llada, spec, True, buckets)
     assert torch.equal(got[0], eager[0]), spec
     assert len(got[1]) == len(eager[1]) and all(torch.equal(a, b) for a, b in zip(got[1], eager[1])), spec
     assert torch.equal(got[2], eager[2]), spec
