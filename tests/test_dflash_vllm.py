@@ -165,6 +165,29 @@ def test_vllm_deferred_drafter_context_drafts_what_vllms_own_runner_drafts(serve
     assert ours["report"]["added"]["vllm:spec_decode_num_accepted_tokens"] > 0
 
 
+def test_the_vllm_functions_the_runner_patches_wrap_keep_their_signatures():
+    """``integrations.vllm.spec``'s runner patches wrap vLLM 0.32's functions and read their arguments by position:
+    their parameters as written for it; a change fails here, not in an engine."""
+    import inspect
+
+    from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
+    from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+
+    def params(fn) -> str:
+        return ", ".join(p.name if p.default is p.empty else f"{p.name}={p.default!r}"
+                         for p in inspect.signature(fn).parameters.values())
+
+    assert [params(f) for f in (GPUModelRunner.propose_draft_token_ids, GPUModelRunner._sample,
+                                DFlashProposer.prepare_next_token_ids_padded,
+                                DFlashQwen3ForCausalLM.precompute_and_store_context_kv)] == [
+        "self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states, sample_hidden_states, "
+        "aux_hidden_states, spec_decode_metadata, common_attn_metadata, slot_mappings",
+        "self, logits, spec_decode_metadata",
+        "self, sampled_token_ids, requests, gpu_input_batch, discard_request_mask",
+        "self, context_states, context_positions, context_slot_mapping=None"]
+
+
 def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     """The scheduler side without an engine: vLLM's batch size -> draft count lookup is the policy's choice; a
     decode-only step reports its batch, draft count and acceptance; a step with a prefill reports nothing."""
