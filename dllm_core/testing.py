@@ -166,8 +166,7 @@ class PackedHostStep:
         parts = [[("prompt", 0, len(p)), ("response", len(p), e)] for p, e in zip(self.prompts, ends)]
         self.step = PackedStep(plans, ends, parts, self.stores, self.device, self.buckets)
         ids = torch.cat([torch.cat([p, c]) for p, c in zip(self.prompts, self.canvas)])
-        x = self.model.embed(ids if self.step.kept is None else ids[self.step.kept])  # [N, d]
-        self.x = torch.cat([x, x.new_zeros(self.step.pad, x.shape[1])])  # [N (+ pad), d]
+        self.x = self.step.padded(self.model.embed(ids if self.step.kept is None else ids[self.step.kept]))
         self.ops = [self.make_ops(b, self.step) for b in self.model.layers]
 
     def _ops(self, layer, step):

@@ -240,6 +240,10 @@ class PackedStep:
         x [N, d] -> [N, d] (``wrap``: ``executor.run_layers``)."""
         return self.step.run(ops, x, self.pos, self.tally, wrap)
 
+    def padded(self, x: torch.Tensor) -> torch.Tensor:
+        """The requests' rows x [N, d] with the padding rows (zeros) after them: [N + pad, d]."""
+        return torch.cat([x, x.new_zeros(self.pad, x.shape[1])]) if self.pad else x
+
     def recomputed(self, part: int, layer: int) -> bool:
         """Whether ``layer`` recomputes any position of part ``part`` of some request (host ints: no read)."""
         return any(parts[part].recomputes(layer) for parts in self.parts)

@@ -77,9 +77,7 @@ class ForwardPlan:
         self.step = step = PackedStep([r.plan for r in rows], [r.resp.end for r in rows],
                                       [[("prompt", 0, r.resp.P), ("response", r.resp.P, r.resp.end)] for r in rows],
                                       [r.resp.feats for r in rows], ids.device, self.buckets)
-        x = embed(ids if step.kept is None else ids[step.kept])  # [N, d] (a plan may leave positions out)
-        if step.pad:
-            x = torch.cat([x, x.new_zeros(step.pad, x.shape[1])])  # [N + pad, d]
+        x = step.padded(embed(ids if step.kept is None else ids[step.kept]))  # [N (+ pad), d] (kept positions)
         x = step.run([ops(i, step) for i in range(n_layers)], x)
         for i in range(n_layers) if prompt_kv is not None else ():
             if step.recomputed(0, i):  # the prompts' K/V moved (a drift test's refresh included)
