@@ -760,8 +760,9 @@ def test_median_interval_is_the_binomial_order_statistics():
 def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     """The plain steps' drafter context: held until taken (or the limit asks for the write), then each row of a
     request still in the batch, with that request's row in the batch now, or (no batch named) the newest row of each
-    drafter slot; nothing is held after a take. ``paged_slots``: a row's slot from its request's block table."""
-    from dllm_core.drafters.deferred import DeferredContext, paged_slots
+    drafter slot (of the requests still alive, if named: a finished request's context is never read); nothing is held
+    after a take."""
+    from dllm_core.drafters.deferred import DeferredContext
 
     d = DeferredContext(limit=5)
     step = lambda base, rids: (torch.arange(base, base + len(rids), dtype=torch.float)[:, None],  # noqa: E731
@@ -781,6 +782,11 @@ def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     hidden, slots, locs, pos, rows = d.take()
     assert rows is None and locs.tolist() == [100, 101, 102] and hidden[:, 0].tolist() == [1.0, 7.0, 8.0]
     assert slots.tolist() == [10, 11, 12] and pos.tolist() == [1, 4, 6] and d.take() is None
-    table = torch.tensor([[3, 5], [7, 2]])  # blocks of 4 positions
-    got = paged_slots(table, torch.tensor([0, 2, 3]), torch.tensor([3, 4, 6]), 4)
-    assert got.tolist() == [3 * 4 + 3, 5 * 4 + 0, 2 * 4 + 2]
+    d.add(*step(1, ["a", "b"]))
+    d.add(torch.tensor([[7.0]]), torch.tensor([12]), torch.tensor([102]), torch.tensor([6]), ["b"])
+    hidden, _, locs, _, _ = d.take(alive={"b": None})  # "a" finished
+    assert hidden[:, 0].tolist() == [2.0, 7.0] and locs.tolist() == [101, 102]
+    d.add(*step(1, ["a"]))
+    written = []
+    d.write(lambda *rows: written.append(rows), alive=set())
+    assert not written and d.rows == 0 and d.take() is None

@@ -172,6 +172,7 @@ def test_the_vllm_functions_the_runner_patches_wrap_keep_their_signatures():
 
     from vllm.model_executor.models.qwen3_dflash import DFlashQwen3ForCausalLM
     from vllm.v1.spec_decode.dflash import DFlashProposer
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
     def params(fn) -> str:
@@ -179,11 +180,14 @@ def test_the_vllm_functions_the_runner_patches_wrap_keep_their_signatures():
                          for p in inspect.signature(fn).parameters.values())
 
     assert [params(f) for f in (GPUModelRunner.propose_draft_token_ids, GPUModelRunner._sample,
+                                GPUModelRunner._calc_spec_decode_metadata, SpecDecodeMetadata,
                                 DFlashProposer.prepare_next_token_ids_padded,
                                 DFlashQwen3ForCausalLM.precompute_and_store_context_kv)] == [
         "self, scheduler_output, sampled_token_ids, sampling_metadata, hidden_states, sample_hidden_states, "
         "aux_hidden_states, spec_decode_metadata, common_attn_metadata, slot_mappings",
-        "self, logits, spec_decode_metadata",
+        "self, logits, spec_decode_metadata", "self, num_draft_tokens, cu_num_scheduled_tokens",
+        "draft_token_ids, num_draft_tokens, cu_num_draft_tokens, cu_num_sampled_tokens, target_logits_indices, "
+        "bonus_logits_indices, logits_indices",
         "self, sampled_token_ids, requests, gpu_input_batch, discard_request_mask",
         "self, context_states, context_positions, context_slot_mapping=None"]
 

@@ -130,11 +130,14 @@ class DraftLength:
         self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
         self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
+        self.s: list[float] | None = None  # survival(), until the counts change
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
         above s_{i-1}; the counts start from ``PRIOR``; a length never offered yet: the last measured conditional rate
         carried on)."""
+        if self.s is not None:
+            return self.s
         s, rate = [1.0], 1.0
         for i in range(1, self.opts.max_draft + 1):
             if self.reached[i] > 0:
@@ -143,6 +146,7 @@ class DraftLength:
             else:
                 si = s[-1] * rate
             s.append(si)
+        self.s = s
         return s
 
     def expected_tokens(self, k: int, s: Sequence[float] | None = None) -> float:
@@ -248,6 +252,7 @@ class DraftLength:
             kept = sum(a + 1 for a in accepted) if kept is None else kept
             self.answer = (d * self.answer[0] + kept, d * self.answer[1] + ended)
         if k and accepted:
+            self.s = None
             for i in range(1, k + 1):
                 self.reached[i] = d * self.reached[i] + len(accepted)
                 self.passed[i] = d * self.passed[i] + sum(a >= i for a in accepted)

@@ -23,28 +23,32 @@ class DeferredContext:
         self.rows += len(slots)
         return self.rows >= self.limit
 
-    def take(self, live: dict | None = None) -> tuple[torch.Tensor, ...] | None:
+    def take(self, live: dict | None = None, alive=None) -> tuple[torch.Tensor, ...] | None:
         """Every held row of a request in ``live`` (request id -> its row in the batch now), and nothing is held
         after: (hidden, target slots, drafter slots, positions, batch rows) [n] each; None when nothing was held. The
         host keeps the rows whose request still holds that slot at that position (not retracted since). ``live``
         None: the newest row of each drafter slot, no batch rows (what writing each step's rows at once leaves there;
-        one write of rows that share a slot keeps any one of them)."""
+        one write of rows that share a slot keeps any one of them), of the requests in ``alive`` if given (a
+        finished request's context is never read: its rows are dropped)."""
         if not self.parts:
             return None
         hidden, slots, locs, pos = (torch.cat(x) for x in list(zip(*self.parts))[:4])
         if live is None:
+            if alive is not None:
+                keep = torch.tensor([r in alive for p in self.parts for r in p[4]], dtype=torch.bool)
+                hidden, slots, locs, pos = (x[keep.to(x.device)] for x in (hidden, slots, locs, pos))
             self.parts, self.rows = [], 0
             j = newest(locs)
-            return hidden[j], slots[j], locs[j], pos[j], None
+            return (hidden[j], slots[j], locs[j], pos[j], None) if len(j) else None
         rows = [(j, live[r]) for j, r in enumerate(r for p in self.parts for r in p[4]) if r in live]
         self.parts, self.rows = [], 0
         j, i = torch.tensor(rows, dtype=torch.long, device=hidden.device).view(-1, 2).T  # [n] each
         return hidden[j], slots[j], locs[j], pos[j], i
 
-    def write(self, append) -> None:
-        """Every held row, the newest of each drafter slot (``take()``), handed to ``append(hidden, drafter slots,
-        positions)`` (nothing held: not called)."""
-        got = self.take()
+    def write(self, append, alive=None) -> None:
+        """Every held row (of a request in ``alive`` if given), the newest of each drafter slot (``take``), handed to
+        ``append(hidden, drafter slots, positions)`` (nothing held: not called)."""
+        got = self.take(alive=alive)
         if got is not None:
             append(got[0], got[2], got[3])
 
@@ -56,12 +60,3 @@ def newest(slots: torch.Tensor) -> torch.Tensor:
     last[:-1] = s[1:] != s[:-1]
     return i[last]
 
-
-def paged_slots(block_table: torch.Tensor, qsl: torch.Tensor, pos: torch.Tensor, block_size: int) -> torch.Tensor:
-    """The paged KV slot of each row [n]: request i's rows are [qsl[i], qsl[i + 1]) at positions ``pos``, its blocks
-    ``block_table[i]`` (no read)."""
-    n_req = qsl.shape[0] - 1
-    req = torch.repeat_interleave(torch.arange(n_req, device=pos.device), (qsl[1:] - qsl[:-1]).long(),
-                                  output_size=pos.shape[0])
-    block = (pos // block_size).clamp(max=block_table.shape[1] - 1)
-    return block_table[req, block].long() * block_size + pos % block_size

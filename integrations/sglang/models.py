@@ -11,7 +11,7 @@ from torch import nn
 
 from dllm_core.models import ModelArgs
 from dllm_core.models import transformer as core
-from dllm_core.models.host_layers import HostBlock, load_host_weights, packed_name, rank_heads
+from dllm_core.models.host_layers import HostBlock, load_host_weights, packed_name, packed_shards, rank_heads
 
 from sglang.srt.layers.activation import SiluAndMul
 from sglang.srt.layers.dp_attention import attn_tp_all_reduce
@@ -57,10 +57,6 @@ class DiffusionLayer(HostBlock, nn.Module):
     def paged(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, fb: ForwardBatch) -> torch.Tensor:
         """SGLang's attention of every row of the batch (it writes k / v at ``out_cache_loc``): -> [N, Hq*D]."""
         return self.attn(q, k, v, fb)
-
-
-PACKED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # the projections BitsAndBytes quantizes
-SHARDS = {"q": 0, "k": 1, "v": 2}  # QKVParallelLinear's shard ids -> BitsAndBytes' shard index
 
 
 class DiffusionLMForSGLang(nn.Module):
@@ -118,12 +114,8 @@ class DiffusionLMForSGLang(nn.Module):
         """SGLang's BitsAndBytes loader (``--load-format bitsandbytes``) files each projection's quant state under
         ``key.replace(name, (parameter, shard index))``; its in-flight quantization renames a checkpoint key
         ``X.weight`` to ``X.qweight``, so the name ``X.q`` maps to this model's ``parameter.`` (+ ``weight``)."""
-        out = {}
-        for hf, native in self.core_cls.from_hf_map(self.args).items():
-            target, shard = self.sglang_name(native)
-            if target.split(".")[-2] in PACKED:
-                out[hf.removesuffix("weight") + "q"] = (target.removesuffix("weight"), SHARDS.get(shard, shard or 0))
-        return out
+        return {hf.removesuffix("weight") + "q": (target.removesuffix("weight"), shard)
+                for hf, (target, shard) in packed_shards(self.core_cls, self.args).items()}
 
     @property
     def default_bitsandbytes_target_modules(self) -> list[str]:

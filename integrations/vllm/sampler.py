@@ -73,16 +73,12 @@ class DllmSampler:
 
     @staticmethod
     def _logprobs(out, n: int) -> LogprobsTensors:
-        """The emitted tokens' log-probabilities in vLLM's layout: one row per emitted token, request by request
-        (``cu_num_generated_tokens``), columns [the token, its step's top k]; requests that emit nothing: no row."""
+        """The emitted tokens' log-probabilities in vLLM's layout (``Logprobs.flat``: a row per emitted token, request
+        by request, ``cu_num_generated_tokens``; columns [the token, its step's top k]; no row: nothing emitted)."""
         counts = np.zeros(n, dtype=np.int64)
         counts[out.emit] = out.n
-        lp, dev = out.logprobs, out.tokens.device
-        keep = torch.arange(lp.token.shape[1], device=dev) < torch.as_tensor(out.n, device=dev)[:, None]  # [k, W]
-        ids = torch.cat([out.tokens[:, :, None], lp.top_ids], -1)[keep]  # [sum(n), 1 + k]
-        vals = torch.cat([lp.token[:, :, None], lp.top], -1)[keep]
-        return LogprobsTensors(ids.to(torch.int32), vals, lp.rank[keep].to(torch.int32),
-                               [0, *np.cumsum(counts).tolist()])
+        ids, vals, rank = out.logprobs.flat(out.tokens, out.n)
+        return LogprobsTensors(ids.to(torch.int32), vals, rank.to(torch.int32), [0, *np.cumsum(counts).tolist()])
 
 
 class DllmRequestValidator(LogitsProcessor):

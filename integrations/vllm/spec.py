@@ -2,13 +2,12 @@
 integrations.vllm.spec.AdaptiveDraftScheduler`` (``AsyncAdaptiveDraftScheduler`` with async scheduling): vLLM's
 dynamic speculative decoding asks the policy each step's draft count; a DFlash step that drafts nothing runs no
 proposer, its drafter context deferred to the next draft, a ``custom_class`` proposer (TokenSwift) is told the
-count (``patch_proposers``), a step without drafts samples as plain decoding
-(``patch_draftless_sampling``).
+count (``patch_proposers``), a step without drafts prepares and samples as plain decoding (``patch_draftless``).
 """
 from __future__ import annotations
 
 from dllm_core.drafters.adaptive import AdaptiveDraft, DraftLengths
-from dllm_core.drafters.deferred import DeferredContext, paged_slots
+from dllm_core.drafters.deferred import DeferredContext
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.core.sched.scheduler import Scheduler
@@ -58,7 +57,7 @@ def patch_runner() -> None:
     """The runner patches below, where a runner runs (``register`` in a worker process, the scheduler in-process).
     None changes a step whose draft count is the configured one."""
     patch_proposers()
-    patch_draftless_sampling()
+    patch_draftless()
 
 
 def patch_proposers() -> None:
@@ -92,35 +91,48 @@ def patch_proposers() -> None:
                 return propose(self, out, sampled, *args)
             held, m = vars(drafter).setdefault("_dllm_held", DeferredContext()), drafter.model
             append = lambda h, slots, pos: m.precompute_and_store_context_kv(m.combine_hidden_states(h), pos, slots)
-            if k:
-                held.write(append)
+            if k:  # (a finished request's rows are dropped)
+                held.write(append, self.requests)
                 return propose(self, out, sampled, *args)
             if self.valid_sampled_token_count_event is not None:  # async scheduling reads the step's counts
                 self._copy_valid_sampled_token_count(*drafter.prepare_next_token_ids_padded(
                     sampled, self.requests, self.input_batch, self.discard_request_mask.gpu))
-            hidden, aux, cad, n = args[1], args[3], args[5], out.total_num_scheduled_tokens
+            hidden, aux, n, sm = args[1], args[3], out.total_num_scheduled_tokens, args[6]
+            ids, name = self.input_batch.req_ids, next(iter(drafter._draft_attn_layer_names))
             pos = self._get_positions(n).clone()
             rows = torch.cat([h[:n] for h in aux], -1) if self.use_aux_hidden_state_outputs else hidden[:n].clone()
-            slots = paged_slots(cad.block_table_tensor, cad.query_start_loc, pos, drafter.block_size)
-            if held.add(rows, slots, slots, pos, ()):  # (the drafter's slots are the target's: one block table)
-                held.write(append)
-            return torch.empty(cad.batch_size(), 0, dtype=torch.int64, device=self.device)
+            slots = (sm[name] if isinstance(sm, dict) else torch.cat([u[name] for u in sm]))[:n].clone()  # [n]
+            if held.add(rows, slots, slots, pos, [r for r in ids for _ in range(out.num_scheduled_tokens[r])]):
+                held.write(append, self.requests)
+            return [[] for _ in ids]  # (a list: no device copy of an empty draft)
         return _propose
 
     _patched(GPUModelRunner, "propose_draft_token_ids", v1_runner)
 
 
-def patch_draftless_sampling() -> None:
-    """vLLM 0.32's runner samples every step of a speculative engine through its rejection sampler, a step without
-    drafts too; such a step samples as plain decoding does (its logits are the same rows).
-    ``patches/vllm/README.md``."""
+def patch_draftless() -> None:
+    """vLLM 0.32's runner prepares and samples every step of a speculative engine as a verify, a step without drafts
+    too; such a step samples as plain decoding does (its logits are the same rows), and its verify metadata is
+    written directly (``patches/vllm/README.md``)."""
+    import torch
+    from vllm.v1.spec_decode.metadata import SpecDecodeMetadata
     from vllm.v1.worker.gpu_model_runner import GPUModelRunner
 
-    def wrap(sample):
+    def metadata(calc):
+        def _calc(self, num_draft_tokens, cu_num_scheduled_tokens):
+            if num_draft_tokens.any():
+                return calc(self, num_draft_tokens, cu_num_scheduled_tokens)
+            rows = torch.arange(len(num_draft_tokens), dtype=torch.int32, device=self.device)  # [B]
+            return SpecDecodeMetadata(rows[:0], num_draft_tokens.tolist(), torch.zeros_like(rows), rows + 1, rows[:0],
+                                      rows, torch.from_numpy(cu_num_scheduled_tokens - 1).to(self.device))
+        return _calc
+
+    def sampling(sample):
         def _sample(self, logits, spec_decode_metadata):
             if spec_decode_metadata is not None and not any(spec_decode_metadata.num_draft_tokens):
                 spec_decode_metadata = None
             return sample(self, logits, spec_decode_metadata)
         return _sample
 
-    _patched(GPUModelRunner, "_sample", wrap)
+    _patched(GPUModelRunner, "_calc_spec_decode_metadata", metadata)
+    _patched(GPUModelRunner, "_sample", sampling)
