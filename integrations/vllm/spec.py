@@ -91,8 +91,9 @@ def patch_proposers() -> None:
                 return propose(self, out, sampled, *args)
             held, m = vars(drafter).setdefault("_dllm_held", DeferredContext()), drafter.model
             append = lambda h, slots, pos: m.precompute_and_store_context_kv(m.combine_hidden_states(h), pos, slots)
-            if k:  # (a finished request's rows are dropped)
-                held.write(append, self.requests)
+            alive = None if self.cache_config.enable_prefix_caching else self.requests  # (else a finished
+            if k:  # request's rows are dropped: no later request reads them)
+                held.write(append, alive)
                 return propose(self, out, sampled, *args)
             if self.valid_sampled_token_count_event is not None:  # async scheduling reads the step's counts
                 self._copy_valid_sampled_token_count(*drafter.prepare_next_token_ids_padded(
@@ -103,7 +104,7 @@ def patch_proposers() -> None:
             rows = torch.cat([h[:n] for h in aux], -1) if self.use_aux_hidden_state_outputs else hidden[:n].clone()
             slots = (sm[name] if isinstance(sm, dict) else torch.cat([u[name] for u in sm]))[:n].clone()  # [n]
             if held.add(rows, slots, slots, pos, [r for r in ids for _ in range(out.num_scheduled_tokens[r])]):
-                held.write(append, self.requests)
+                held.write(append, alive)
             return [[] for _ in ids]  # (a list: no device copy of an empty draft)
         return _propose
 
