@@ -29,6 +29,9 @@ in turn, plain decoding (when it is not the choice) and the best-rated length ab
 acceptance or cost is seen at a bounded price. While speculating, plain decoding is also re-measured at a bucket's
 step 16, 32, 64 and 128: a length's time taken in a slow spell is too slow, so it is not chosen and not measured
 again (a time too fast corrects itself: the length is chosen, and its window refills).
+A host may tell it each request's tokens left (a request gains no more than those) and that its drafter runs for the
+next step (``switch``: a switch from plain decoding then costs a step that gains one token, rated over the spell it
+starts; ``DraftLength.rates``); while speculating, a length stays while it beats plain decoding at all.
 Lossless by construction: it only chooses how many drafts the lossless verifier sees.
 
 One ``DraftLength`` per engine (it is the engine's measurements), used by one thread; ``AdaptiveDraft`` holds the
@@ -36,8 +39,9 @@ options (frozen, validated).
 """
 from __future__ import annotations
 
+import math
 import time
-from collections import deque
+from collections import Counter, deque
 from dataclasses import dataclass, fields
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
@@ -55,7 +59,7 @@ PRIOR = 1.0  # acceptance counts start as if one request had accepted every draf
 @dataclass(frozen=True)
 class AdaptiveDraft:
     """Options: ``max_draft`` (the drafter's most drafts per step), ``candidates`` (draft lengths tried; default
-    0, 1, 2, 4, ... up to ``max_draft``), ``margin`` (speculate when its tokens/s exceed plain's times this),
+    0, 1, 2, 4, ... up to ``max_draft``), ``margin`` (start speculating when its tokens/s exceed plain's times this),
     ``explore_every`` (steps between re-measurements per bucket), ``time_window`` (step times kept per bucket and
     length), ``accept_decay`` (weight of the past in the acceptance counts, per step)."""
 
@@ -105,8 +109,8 @@ class AdaptiveDraft:
         except ValueError as e:
             raise ValueError(f"{where}: {e}") from None
 
-    def new(self, per_request: bool = False) -> "DraftLength":
-        return DraftLength(self, per_request)
+    def new(self, per_request: bool = False, switch: int = 0) -> "DraftLength":
+        return DraftLength(self, per_request, switch)
 
 
 def bucket(batch: int) -> int:
@@ -117,8 +121,9 @@ def bucket(batch: int) -> int:
 class DraftLength:
     """An engine's measurements and the choice they give: ``choose(batch)`` -> k, ``observe(...)`` after the step."""
 
-    def __init__(self, opts: AdaptiveDraft, per_request: bool = False):
+    def __init__(self, opts: AdaptiveDraft, per_request: bool = False, switch: int = 0):
         self.opts, self.per_request = opts, per_request  # per_request: see observe
+        self.switch, self.last = switch, 0  # see rates; the last length chosen
         self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
         self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's lower quartile
         self.steps: dict[int, int] = {}  # bucket -> steps decided
@@ -149,24 +154,43 @@ class DraftLength:
         self.s = s
         return s
 
-    def expected_tokens(self, k: int, s: Sequence[float] | None = None) -> float:
-        """Tokens a request gains per step verifying k drafts: E(k) (the bonus token included) times the share of a
-        request's steps that run while it lives, L / (L + E(k)) for answers of L tokens where a request runs one step
-        after its end (a host that dispatches a step before the previous result: ``count``'s ``ended``)."""
-        e = sum((self.survival() if s is None else s)[:k + 1])
+    def expected_tokens(self, k: int, s: Sequence[float] | None = None, left: Mapping[int, int] | None = None) -> float:
+        """Tokens a request gains per step verifying k drafts: E(k) (the bonus token included; with ``left``, requests
+        per number of tokens left to emit (>= 1), their mean E(min(k, left - 1))) times the share of a request's steps
+        that run while it lives, L / (L + E(k)) for answers of L tokens where a request runs one step after its end (a
+        host that dispatches a step before the previous result: ``count``'s ``ended``)."""
+        s = self.survival() if s is None else s
+        if left:
+            e = sum(c * sum(s[:min(k, n - 1) + 1]) for n, c in left.items()) / sum(left.values())
+        else:
+            e = sum(s[:k + 1])
         return e if not self.answer[1] else e * self.answer[0] / (self.answer[0] + e * self.answer[1])
 
-    def rates(self, batch: int) -> dict[int, float]:
-        """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent)."""
-        b, s = bucket(batch), self.survival()
-        return {k: self.expected_tokens(k, s) / self.time[b, k] for k in self.opts.candidates if (b, k) in self.time}
+    def rates(self, batch: int, left: Sequence[int] | None = None) -> dict[int, float]:
+        """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent).
+        ``left``: each request's tokens left to emit from the step verifying this choice's drafts (E(k) counts no
+        more). A switch from plain decoding on a host whose drafter runs for the next step (``switch`` S = 1: the
+        step that switches runs a plain verify and the drafter, its time measured as the key (bucket, -k)) gains S
+        tokens in S such steps before n = (h - S) / E(k) >= 1 steps at k, h = mean(left): the rate of the spell, so a
+        wave's last requests, with a few tokens left, do not switch."""
+        b, s, out = bucket(batch), self.survival(), {}
+        need = Counter(min(max(n, 1), self.opts.max_draft + 1) for n in left) if left else None  # left -> requests
+        for k in self.opts.candidates:
+            if (b, k) in self.time:
+                e, t = self.expected_tokens(k, s, need), self.time[b, k]
+                out[k] = e / t
+                if k and left and self.switch and not self.last:
+                    sw, ts = self.switch, self.time.get((b, -k), self.time.get((b, 0), t))  # (unmeasured: plain's)
+                    n = max((sum(left) / len(left) - sw) / e, 1.0)
+                    out[k] = (sw + n * e) / (sw * ts + n * t)
+        return out
 
     def step_time(self, b: int, k: int) -> float | None:
         """Bucket ``b``'s time for k drafts: measured, or interpolated linearly in k from its two measured draft
         lengths nearest to k (None with fewer)."""
         if (b, k) in self.time:
             return self.time[b, k]
-        near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b and j))[:2]
+        near = sorted(((abs(j - k), j, t) for (bb, j), t in self.time.items() if bb == b and j > 0))[:2]
         if len(near) < 2:
             return None
         (_, k1, t1), (_, k2, t2) = near
@@ -185,16 +209,20 @@ class DraftLength:
                     break
         return float("inf") if t is None else self.expected_tokens(k) / max(t, 1e-12)
 
-    def choose(self, batch: int) -> int:
-        """The draft length for a step of ``batch`` requests."""
+    def choose(self, batch: int, left: Sequence[int] | None = None) -> int:
+        """The draft length for a step of ``batch`` requests (``left``: each one's tokens left to emit, see rates)."""
+        self.last = self.pick(batch, left)
+        return self.last
+
+    def pick(self, batch: int, left: Sequence[int] | None) -> int:
         b, ks = bucket(batch), self.opts.candidates
         n = self.steps[b] = self.steps.get(b, 0) + 1
         if b in self.probing:  # a re-measurement goes on until it has its samples (a host may time a step late)
-            k, left, want = self.probing.pop(b)
-            if self.taken.get((b, k), 0) < want and left:
-                self.probing[b] = (k, left - 1, want)
+            k, asks, want = self.probing.pop(b)
+            if self.taken.get((b, k), 0) < want and asks:
+                self.probing[b] = (k, asks - 1, want)
                 return k
-        rates = self.rates(batch)
+        rates = self.rates(batch, left)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
             short = len(self.samples.get((b, k), ())) < SAMPLES
             if short and (k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) \
@@ -203,7 +231,8 @@ class DraftLength:
         if not rates:  # nothing measured in the bucket, nothing left to ask: plain decoding (held at k = 0: always)
             return 0
         best = max(rates, key=rates.get)
-        if best and rates[best] < self.opts.margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
+        margin = 1.0 if self.last else self.opts.margin  # (already speculating: stay while it beats plain decoding)
+        if best and rates[best] < margin * rates.get(0, 0.0):  # (plain not measured yet: keep best)
             best = 0
         early = best and EARLY <= n < self.opts.explore_every and not n & (n - 1)  # plain again, at 16, 32, 64, ...
         if early or n % self.opts.explore_every == 0:  # re-measure plain decoding or the best-rated longer length
@@ -230,12 +259,13 @@ class DraftLength:
         self.asked[b, k] = (epoch, asked + 1 if at == epoch else 1)
         return True
 
-    def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = ()) -> None:
+    def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = (), switch: bool = False) -> None:
         """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
-        accepted per request (k > 0). ``per_request`` (a host whose step time grows with its batch: a CPU): the time
-        is kept as the bucket's smallest batch would take it, so that of lengths measured as the batch shrank the
-        later one does not look cheaper."""
-        key = (bucket(batch), k)
+        accepted per request (k > 0); ``switch``: the step verified none and drafted k for the next (see rates).
+        ``per_request`` (a host whose step time grows with its batch: a CPU): the time is kept as the bucket's
+        smallest batch would take it, so that of lengths measured as the batch shrank the later one does not look
+        cheaper."""
+        key = (bucket(batch), -k if switch else k)
         times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
         times.append(seconds * key[0] / batch if self.per_request else seconds)
         self.time[key] = sorted(times)[len(times) // 4]
@@ -270,8 +300,10 @@ class StepClock:
     a request's output length as the host keeps it; a step's acceptance then counts the tokens each request kept
     (drafts accepted past its end gain nothing), read at the next result."""
 
-    def __init__(self, lengths: DraftLength, synchronous: bool = False, kept: Callable[[Any], int] | None = None):
+    def __init__(self, lengths: DraftLength, synchronous: bool = False, kept: Callable[[Any], int] | None = None,
+                 left: Callable[[Any], int] | None = None):
         self.lengths, self.last, self.synchronous, self.kept = lengths, time.perf_counter(), synchronous, kept
+        self.left = left  # a request's tokens left to emit (``DraftLength.rates``), read from the host's handle
         self.pending: deque[tuple | None] = deque(maxlen=16)  # dispatched: (batch, k, requests); None: a prefill
         self.since: list[tuple | None] = []  # dispatched since the previous result
         self.unsettled: tuple[int, Sequence, list[int]] | None = None  # (k, requests, kept lengths before) of a result
@@ -296,7 +328,8 @@ class StepClock:
     def dispatched(self, batch: int, requests: Sequence = ()) -> int:
         """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill; ``requests``: the host's
         handles of them, read by ``kept``) -> its draft length."""
-        k = self.lengths.choose(batch) if batch else 0
+        left = [self.left(r) for r in requests] if self.left is not None and requests else None
+        k = self.lengths.choose(batch, left) if batch else 0
         self.pending.append((batch, k, requests) if batch else None)
         self.since = self.since[:1] + [self.pending[-1]]  # (one step, or more than one)
         return k
@@ -344,13 +377,23 @@ class DraftLengths(StepClock):
     comes back (1; 2 under async scheduling, which schedules the next step first), and proposes with its own: its
     time is the cost of one count only where the counts in between are that count (``steady``)."""
 
-    def __init__(self, lengths, lag: int = 1):
+    def __init__(self, lengths, lag: int = 1, left: Callable[[], Sequence[int]] | None = None):
         super().__init__(lengths)
         self.asked: deque[int] = deque(maxlen=lag + 1)
+        self.left_now = left  # the scheduled requests' tokens left to emit at the step verifying this schedule's drafts
 
     def __getitem__(self, batch: int) -> int:
-        self.asked.append(self.lengths.choose(batch))
+        self.asked.append(self.lengths.choose(batch, self.left_now() if self.left_now is not None else None))
         return self.asked[-1]
+
+    def done(self, scheduled, drafts, emitted, k: int | None = None, timed: bool = True) -> None:
+        """``StepClock.done``; a step that verified no draft and drafted for the next after plain decoding (a
+        switch) is timed as one (``DraftLength.rates``)."""
+        *before, new = self.asked or [0]
+        if not timed and new and before and not any(before) and all(n == 1 for n in scheduled.values()):
+            seconds = self.restart()
+            return self.lengths.observe(len(scheduled), new, seconds, switch=True) if scheduled else None
+        super().done(scheduled, drafts, emitted, k, timed)
 
     def verified(self) -> int | None:
         """The count chosen for the drafts the step just ended verified (None: not known yet)."""

@@ -25,8 +25,9 @@ def step_clock(server_args, max_draft: int, device) -> StepClock:
 
     opts = read_mapping(server_args.speculative_adaptive_config, OPTION)
     cpu = torch.device(device).type == "cpu"
-    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu,
-                     kept=SchedulerBatchResultProcessor._visible_output_len)  # (the result comes before the cut)
+    kept = SchedulerBatchResultProcessor._visible_output_len  # (the result comes before the cut)
+    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu, kept=kept,
+                     left=lambda r: (r.sampling_params.max_new_tokens or 1 << 30) - kept(r))
 
 
 @contextmanager

@@ -24,8 +24,9 @@ class AdaptiveDrafts:
         if self.num_spec_tokens:
             cpu, opts = vllm_config.device_config.device_type == "cpu", (vllm_config.additional_config or {}).get(KEY)
             policy = AdaptiveDraft.of(self.num_spec_tokens, opts, f"--additional-config {KEY}")
-            self.dynamic_sd_lookup = DraftLengths(policy.new(per_request=cpu),
-                                                  lag=2 if isinstance(self, AsyncScheduler) else 1)
+            self.dynamic_sd_lookup = DraftLengths(  # (a step drafts for the next: a switch from plain costs one)
+                policy.new(per_request=cpu, switch=1), lag=2 if isinstance(self, AsyncScheduler) else 1,
+                left=lambda: [r.max_tokens - r.num_output_tokens - 1 for r in self.running])
             patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 
     def update_from_output(self, scheduler_output, model_runner_output):
