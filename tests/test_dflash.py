@@ -836,7 +836,7 @@ def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     after a take."""
     from dllm_core.drafters.deferred import DeferredContext
 
-    d = DeferredContext(limit=5 * 4)  # bytes: five rows of one float each
+    d = DeferredContext(limit=5)
     step = lambda base, rids: (torch.arange(base, base + len(rids), dtype=torch.float)[:, None],  # noqa: E731
                                torch.arange(len(rids)) + 10 * base, torch.arange(len(rids)) + 100 * base,
                                torch.arange(len(rids)) + base, rids)

@@ -173,16 +173,16 @@ class DraftLength:
         step that switches runs a plain verify and the drafter, its time measured as the key (bucket, -k)) gains S
         tokens in S such steps before n = (h - S) / E(k) >= 1 steps at k, h = mean(left): the rate of the spell, so a
         wave's last requests, with a few tokens left, do not switch."""
-        b, s, out = bucket(batch), self.survival(), {}
+        b, s, out, sw = bucket(batch), self.survival(), {}, self.switch if left and not self.last else 0
         need = Counter(min(max(n, 1), self.opts.max_draft + 1) for n in left) if left else None  # left -> requests
+        h = sum(left) / len(left) if sw else 0.0
         for k in self.opts.candidates:
             if (b, k) in self.time:
                 e, t = self.expected_tokens(k, s, need), self.time[b, k]
                 out[k] = e / t
-                if k and left and self.switch and not self.last:
-                    sw, ts = self.switch, self.time.get((b, -k), self.time.get((b, 0), t))  # (unmeasured: plain's)
-                    n = max((sum(left) / len(left) - sw) / e, 1.0)
-                    out[k] = (sw + n * e) / (sw * ts + n * t)
+                if k and sw:
+                    ts, n = self.time.get((b, -k), self.time.get((b, 0), t)), max((h - sw) / e, 1.0)  # (ts unmeasured:
+                    out[k] = (sw + n * e) / (sw * ts + n * t)  # plain's)
         return out
 
     def step_time(self, b: int, k: int) -> float | None:
