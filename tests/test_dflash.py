@@ -1,5 +1,6 @@
 """DFlash drafter: reference-equal logits, checkpoint format, lossless greedy + sampled verification,
 the sparse training mask, and a tiny resumable training run (all on a locally built Qwen3 target)."""
+import contextlib
 import json
 import random
 import time
@@ -672,20 +673,31 @@ def test_adaptive_length_in_waves_of_a_shrinking_batch(p):
     assert plain / seconds >= 0.98
 
 
+@contextlib.contextmanager
+def fake_clock():
+    """The adaptive policy's clock as a list the simulation advances (``now[0]``: seconds)."""
+    from types import SimpleNamespace
+
+    from dllm_core.drafters import adaptive
+
+    now, real = [0.0], adaptive.time
+    adaptive.time = SimpleNamespace(perf_counter=lambda: now[0])
+    try:
+        yield now
+    finally:
+        adaptive.time = real
+
+
 def overlapped_waves(p: tuple[float, ...], kept: bool, k: int | None = None, waves: int = 6, skip: int = 1) -> float:
     """Seconds for waves ``skip``.. of 64 answers of 10-22 tokens on a host that cuts each answer at its end (drafts
     accepted past it gain nothing) and dispatches a step before the previous result (a request runs one step after its
     end): SGLang's overlap scheduling. Step time: ``cpu_like`` with a verify token at 0.4 of a first (per-draft
     acceptance ``p``, request i's ``p[i % len(p)]``). At the policy's lengths through a ``StepClock`` that reads the
     kept lengths (``kept``) or counts the drafts the verifier accepted; or at ``k`` drafts each step."""
-    from types import SimpleNamespace
-
     from dllm_core.drafters import adaptive
 
-    now, lengths = [0.0], {}
-    total, real = 0.0, adaptive.time
-    adaptive.time = SimpleNamespace(perf_counter=lambda: now[0])
-    try:
+    lengths, total = {}, 0.0
+    with fake_clock() as now:
         clock = adaptive.StepClock(AdaptiveDraft(15).new(per_request=True), True, kept=lengths.get if kept else None)
         for w in range(waves):
             rng = random.Random(w)
@@ -702,8 +714,6 @@ def overlapped_waves(p: tuple[float, ...], kept: bool, k: int | None = None, wav
                     gain = min(a + 1, left[r])
                     left[r], lengths[r] = left[r] - gain, lengths[r] + gain
                     ended += [r] if gain and not left[r] else []
-    finally:
-        adaptive.time = real
     return total
 
 
@@ -745,22 +755,16 @@ def lagged_waves(p: float, informed: bool | None, n: int, waves: int, skip: int)
     with the previous schedule's count and proposes with its own; its time grows with the rows it verifies, plus the
     drafter's forward when it proposes (as this CPU's vLLM engine: 18 / 10 ms a plain step at 64 / 19 requests). At
     the policy's lengths, ``informed``: told each request's tokens left and that a switch costs a step; None: plain."""
-    from types import SimpleNamespace
-
-    from dllm_core.drafters import adaptive
     from dllm_core.drafters.adaptive import DraftLengths
 
-    now, total, real, at = [0.0], 0.0, adaptive.time, {}
-    adaptive.time = SimpleNamespace(perf_counter=lambda: now[0])
-    try:
+    total, left, live = 0.0, {}, []
+    with fake_clock() as now:
         table = DraftLengths(AdaptiveDraft(15).new(per_request=True, switch=1 if informed else 0),
-                             left=(lambda: [at["left"][r] - 1 for r in at["live"]]) if informed else None)
+                             left=(lambda: [left[r] - 1 for r in live]) if informed else None)  # (read when asked)
         for w in range(waves):
             rng = random.Random(w)
             left, drafts = {i: 24 if i % 3 else 6 + rng.randint(0, 8) for i in range(n)}, {}
-            at["left"] = left
             while live := [r for r in left if left[r]]:
-                at["live"] = live
                 k = table[len(live)] if informed is not None else 0
                 verify = max((drafts.get(r, 0) for r in live), default=0)
                 now[0] += (t := 0.0065 + 0.00018 * len(live) * (1 + verify) + (0.002 + 0.0005 * len(live)) * bool(k))
@@ -774,8 +778,6 @@ def lagged_waves(p: float, informed: bool | None, n: int, waves: int, skip: int)
                     table.done({r: 1 + drafts.get(r, 0) for r in live}, {r: d for r, d in drafts.items() if d},
                                emitted, table.verified(), table.steady())
                 drafts = {r: k for r in live if left[r]}
-    finally:
-        adaptive.time = real
     return total
 
 
