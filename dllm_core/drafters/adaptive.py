@@ -390,10 +390,10 @@ class DraftLengths(StepClock):
         """``StepClock.done``; a step that verified no draft and drafted for the next after plain decoding (a
         switch) is timed as one (``DraftLength.rates``)."""
         *before, new = self.asked or [0]
-        if not timed and new and before and not any(before) and all(n == 1 for n in scheduled.values()):
-            seconds = self.restart()
-            return self.lengths.observe(len(scheduled), new, seconds, switch=True) if scheduled else None
-        super().done(scheduled, drafts, emitted, k, timed)
+        if not timed and new and before and not any(before) and scheduled and all(n == 1 for n in scheduled.values()):
+            self.lengths.observe(len(scheduled), new, self.restart(), switch=True)
+        else:
+            super().done(scheduled, drafts, emitted, k, timed)
 
     def verified(self) -> int | None:
         """The count chosen for the drafts the step just ended verified (None: not known yet)."""
