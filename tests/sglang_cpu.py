@@ -150,6 +150,8 @@ class CpuModelRunner(CpuRunner):
         from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 
         self.forwards += 1
+        if (prepare := getattr(self.model, "prepare_for_forward", None)) is not None:  # as SGLang's runner
+            prepare(fb)
         with forward_context(ForwardContext(attn_backend=self.backend)):
             self.backend.init_forward_metadata(fb)
             out = self.model(fb.input_ids, fb.positions, fb)

@@ -132,6 +132,30 @@ def test_dream_prefix_row_once_per_block_and_slot_reuse(models):
     assert calls == [[L - 1], [2 * L - 1]] * 2  # per request: blocks at L and 2L; steps reuse it
 
 
+def test_dreams_forward_holds_no_host_read_of_its_prefix_rows(models):
+    """What SGLang's graph capture of Dream's block forward holds of its prefix rows: after ``prepare_for_forward``
+    (SGLang's runner calls it before every forward, a replay's too; it recomputes a moved block's row), ``rows``
+    traces with no graph break (no host read: ``fullgraph=True``) and reads the rows prepared, zeros at position 0."""
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    sg, ref = models["dream"]
+    runner = CpuModelRunner(sg, max_len=64, max_reqs=2)
+    drv, prompts = BlockDriver(None, runner, block_size=L), [[20 + i for i in range(2 * L)], [40 + i for i in range(L)]]
+    rows = [Row(p, L, runner.alloc_slot()) for p in prompts]
+    runner.forward(drv.batch(rows, [p[:L] for p in prompts]))  # each prompt's first block into the paged K/V
+    rows[0].kv_len = L  # row 0's next block starts at L (its prefix row: position L - 1), row 1's at 0
+    fb = drv.batch(rows, [prompts[0][L:], prompts[1][:L]])
+    sg.prepare_for_forward(fb)
+    with forward_context(ForwardContext(attn_backend=runner.backend)):
+        eager = sg.prefix_rows.rows(fb.positions, fb)
+        torch._dynamo.reset()
+        got = torch.compile(lambda pos: sg.prefix_rows.rows(pos, fb), fullgraph=True, dynamic=False,
+                            backend="eager")(fb.positions)
+    want = ref(torch.tensor([prompts[0][:L]]), torch.arange(L)[None], None)[0, -1]  # [V]: position L - 1's logits
+    assert torch.equal(got, eager) and not eager[1].any()
+    torch.testing.assert_close(ref.logits(eager[0]), want, rtol=1e-5, atol=1e-5)
+
+
 def test_graphs_replay_only_plain_forwards(models):
     """SGLang's decode graph runner keeps its graphs for every policy: through the plugin's hook on its real
     ``can_run_graph``, a forward whose model holds a ``StepContext`` (dLLM-Cache's cached steps over the block)

@@ -186,19 +186,6 @@ def plain_forwards_only(original, runner, forward_batch, *args, **kwargs) -> boo
     return original(runner, forward_batch, *args, **kwargs)
 
 
-def disable_cuda_graphs(server_args, why: str) -> None:
-    """Turn CUDA graphs off for both phases (as SGLang does on HIP), with a warning."""
-    from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view
-    from sglang.srt.model_executor.cuda_graph_config import Backend, Phase, with_phase
-
-    for phase in Phase.ALL:
-        graphs = resolving_view(server_args).cuda_graph_config
-        if graphs is not None and getattr(graphs, phase).backend != Backend.DISABLED:
-            logger.warning("dllm-serve: %s -> CUDA graphs disabled for the %s phase", why, phase)
-            declare_resolution(server_args, "dllm-serve", cuda_graph_config=with_phase(graphs, phase,
-                                                                                      backend=Backend.DISABLED))
-
-
 def disable_radix_cache(server_args, why: str) -> None:
     """Turn the radix cache off (request-private KV slots), with a warning."""
     from sglang.srt.arg_groups.overrides import declare_resolution, resolving_view

@@ -95,6 +95,12 @@ class DiffusionLMForSGLang(nn.Module):
         return ctx.run(self.layers, h, positions, lambda layer, x: layer(positions, x, fb), lambda layer: layer.ops(fb))
 
     @torch.no_grad()
+    def prepare_for_forward(self, fb: ForwardBatch) -> None:
+        """(SGLang calls it before every forward, a graph's replay too) Dream's prefix rows brought up to date."""
+        if self.prefix_rows is not None and (self.context is None or self.context.packed is None):
+            self.prefix_rows.prepare(fb)
+
+    @torch.no_grad()
     def forward(self, input_ids, positions, forward_batch: ForwardBatch, input_embeds=None, pp_proxy_tensors=None):
         ctx, self.context = self.context, None
         if ctx is not None and ctx.packed is not None and forward_batch.forward_mode.is_dllm_extend():

@@ -30,7 +30,6 @@ def register() -> None:
     hooks = [("sglang.srt.dllm.config.DllmConfig.from_server_args", dllm_config, HookType.AROUND),
              ("sglang.srt.model_loader.utils.get_model_architecture", register_models, HookType.BEFORE),
              (init_new, add_request_info, HookType.AFTER),
-             ("sglang.srt.arg_groups.dllm_hook.handle_dllm_inference", dream_launch_checks, HookType.AFTER),
              (EMBEDS_HOOK, embeds_in_runner_dtype, HookType.AFTER),
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
               HookType.AFTER),
@@ -113,16 +112,6 @@ def add_request_info(forward_batch, cls, batch, model_runner, *args, **kwargs):
         return forward_batch
     from .response import BATCH
 
-    BATCH.expect(forward_batch.req_pool_indices, batch.reqs)
+    BATCH.expect(forward_batch.req_pool_indices, batch.reqs, model_runner)
     return forward_batch
 
-
-def dream_launch_checks(result, server_args, *args, **kwargs):
-    """AFTER ``handle_dllm_inference``: no CUDA graphs for Dream."""
-    from sglang.srt.arg_groups.overrides import resolving_view
-
-    from .algorithm import disable_cuda_graphs
-
-    if resolving_view(server_args).dllm_algorithm is not None and model_architecture(server_args) == "DreamModel":
-        disable_cuda_graphs(server_args, "DreamModel: the prefix row of the shifted logits has data-dependent shapes")
-    return result

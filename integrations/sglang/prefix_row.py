@@ -1,7 +1,7 @@
 """Dream's shifted logits in SGLang's block forward: block position 0 (at s) is predicted from position s - 1's
-final hidden state, recomputed once per block from the paged K/V of [0, s) and kept per request slot (as the core's
-``CanvasCache``); the token at s - 1 from the batch's ``Req``s (``response.BATCH``, the plugin's
-``ForwardBatch.init_new`` hook; ``patches/sglang``)."""
+final hidden state, recomputed once per block from the paged K/V of [0, s) before the forward and kept per request
+slot (as the core's ``CanvasCache``), so that the forward reads no host value and SGLang's graphs capture it; the
+token at s - 1 from the batch's ``Req``s (``response.BATCH``, the plugin's ``ForwardBatch.init_new`` hook)."""
 from __future__ import annotations
 
 import torch
@@ -10,16 +10,17 @@ import torch.nn.functional as F
 from dllm_core.models import shift_right
 
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch
-from sglang.srt.model_executor.forward_context import get_req_to_token_pool, get_token_to_kv_pool
+from sglang.srt.model_executor.forward_context import get_req_to_token_pool
 
 from .response import BATCH
 
-def pool_attention(q: torch.Tensor, req_idx: torch.Tensor, kv_len: list[int], attn) -> torch.Tensor:
-    """One query per request over its paged K/V [0, kv_len): q [n, Hq*D] -> [n, Hq*D]."""
-    pool, T = get_token_to_kv_pool(), max(kv_len)
+def pool_attention(q: torch.Tensor, req_idx: torch.Tensor, kv_len: list[int], attn, runner) -> torch.Tensor:
+    """One query per request over its paged K/V [0, kv_len) (``runner``: SGLang's model runner, its pools):
+    q [n, Hq*D] -> [n, Hq*D]."""
+    pool, T = runner.token_to_kv_pool, max(kv_len)
     if pool.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"DreamModel: the prefix row needs an unquantized KV cache, got --kv-cache-dtype {pool.dtype}")
-    slots = get_req_to_token_pool().req_to_token[req_idx, :T].long()  # [n, T]
+    slots = runner.req_to_token_pool.req_to_token[req_idx, :T].long()  # [n, T]
     k = pool.get_key_buffer(attn.layer_id)[slots].to(q.dtype)  # [n, T, Hkv, D]
     v = pool.get_value_buffer(attn.layer_id)[slots].to(q.dtype)
     keep = torch.arange(T, device=q.device)[None] < torch.tensor(kv_len, device=q.device)[:, None]  # [n, T]
@@ -35,40 +36,56 @@ def last_prefix_ids(reqs: list, rows: list[int]) -> list[int]:
 
 
 class PrefixRows:
-    """Final hidden state of each request's last prefix position, per request slot."""
+    """Final hidden state of each request's last prefix position, per request slot: brought up to date before the
+    forward (``prepare``, SGLang's ``prepare_for_forward``: host reads, recomputes), read in it on the device alone
+    (``rows``: what a graph capture holds)."""
 
     def __init__(self, model):
         self.model = model
         self.h: torch.Tensor | None = None  # [S, d]
         self.tag: torch.Tensor | None = None  # [S, 2] (position, slot generation), CPU
+        self.ready = None  # the forward batch ``prepare`` saw last
 
-    def rows(self, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor | None:
-        """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0); None outside a dLLM block forward."""
-        if not fb.forward_mode.is_dllm_extend():
-            return None
-        B, pool = fb.batch_size, get_req_to_token_pool()
+    def _alloc(self, pool) -> torch.Tensor:
         if self.h is None:
             S = pool.req_to_token.shape[0]
             self.h = self.model.embed.weight.new_zeros(S, self.model.args.dim)
             self.tag = torch.full((S, 2), -1, dtype=torch.long)
-        starts, slots = positions.view(B, -1)[:, 0].tolist(), fb.req_pool_indices.tolist()
-        gens = pool.req_generation[slots].tolist()
+        return self.h
+
+    def prepare(self, fb: ForwardBatch) -> None:
+        """Recompute the rows of a dLLM block forward's requests whose block moved (or slot was reused)."""
+        self.ready = fb
+        if not fb.forward_mode.is_dllm_extend():
+            return
+        B, slots = fb.batch_size, fb.req_pool_indices.tolist()
+        reqs, pool = BATCH.requests(slots), BATCH.runner.req_to_token_pool
+        self._alloc(pool)
+        starts, gens = fb.positions.view(B, -1)[:, 0].tolist(), pool.req_generation[slots].tolist()
         need = [b for b in range(B) if starts[b] > 0 and self.tag[slots[b]].tolist() != [starts[b] - 1, gens[b]]]
         if need:
-            ids = last_prefix_ids(BATCH.requests(slots), need)
-            self._recompute(torch.tensor(ids, device=positions.device), [starts[b] - 1 for b in need],
+            ids = last_prefix_ids(reqs, need)
+            self._recompute(torch.tensor(ids, device=fb.positions.device), [starts[b] - 1 for b in need],
                             [slots[b] for b in need])
             for b in need:
                 self.tag[slots[b]] = torch.tensor([starts[b] - 1, gens[b]])
-        h = self.h[fb.req_pool_indices.long()]
-        return torch.where(torch.tensor(starts, device=h.device)[:, None] > 0, h, 0)
+
+    def rows(self, positions: torch.Tensor, fb: ForwardBatch) -> torch.Tensor | None:
+        """[B, d] pre-norm hidden of position s - 1 per row (zeros where s == 0), device ops alone; None outside a
+        dLLM block forward. A forward SGLang did not prepare is prepared here (not while a graph is captured)."""
+        if not fb.forward_mode.is_dllm_extend():
+            return None
+        if self.ready is not fb and not torch.cuda.is_current_stream_capturing():
+            self.prepare(fb)
+        h = self._alloc(get_req_to_token_pool())[fb.req_pool_indices.long()]
+        return torch.where(positions.view(fb.batch_size, -1)[:, :1] > 0, h, 0)
 
     def _recompute(self, ids: torch.Tensor, pos: list[int], slots: list[int]) -> None:
         """Run positions ``pos`` (tokens ``ids``) through every layer against the paged K/V [0, pos]."""
         p, req, x = torch.tensor(pos, device=ids.device), torch.tensor(slots, device=ids.device), self.model.embed(ids)
         kv_len = [i + 1 for i in pos]
         for layer in self.model.layers:
-            x = x + layer.o_proj(pool_attention(layer.qkv(x, p)[0], req, kv_len, layer.attn))[0]
+            x = x + layer.o_proj(pool_attention(layer.qkv(x, p)[0], req, kv_len, layer.attn, BATCH.runner))[0]
             x = x + layer.ffn(x)
         self.h[req] = x
 

@@ -28,12 +28,13 @@ class BatchRequests:
 
     def __init__(self):
         self.pending = None  # (request slots [B], the batch's Reqs)
+        self.runner = None  # SGLang's model runner (its pools, outside a forward's context)
 
-    def expect(self, slots: torch.Tensor, reqs: list) -> None:
-        self.pending = (slots, list(reqs))
+    def expect(self, slots: torch.Tensor, reqs: list, runner=None) -> None:
+        self.pending, self.runner = (slots, list(reqs)), runner
 
     def requests(self, slots: list[int]) -> list:
-        if self.pending is None or self.pending[0].tolist() != slots:
+        if self.pending is None or self.pending[0].tolist() != slots or self.runner is None:
             raise RuntimeError("dllm-serve: no request info for this batch; the dllm-serve SGLang plugin's "
                                "ForwardBatch.init_new hook must be live (SGLANG_PLUGINS must allow 'dllm')")
         return self.pending[1]
