@@ -57,6 +57,9 @@ FLAGS = {
                    "--speculative-draft-model-path", str(ROOT / "models" / "tokenswift-qwen3-tasks")),
 }
 FLAGS["tokenswift-adaptive"] = FLAGS["tokenswift"] + ("--speculative-adaptive",)
+# plain decoding in SGLang's synchronous loop: on a CPU every speculative server runs it (SGLang turns overlap
+# scheduling off for speculative decoding on a CPU), plain decoding's default is the overlap loop
+FLAGS["ar-sync"] = ("--disable-overlap-schedule",)
 # the adaptive DFLASH server held at k = 0 (a plain step every step): what the speculative server costs without drafts
 FLAGS["adaptive-held-0"] = FLAGS["adaptive"] + ("--speculative-adaptive-config", str(HERE / "held_at_0.json"))
 
