@@ -8,8 +8,12 @@ and, for an adaptive engine, the draft length the policy chose with its rates, a
 took. Printed: each pass's seconds and the steps' seconds per (batch bucket, drafts per request); ``--out``: the
 log as JSON.
 
-    VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 PYTHONHASHSEED=0 \\
+    M=glibc.malloc; GLIBC_TUNABLES=$M.mmap_threshold=1073741824:$M.trim_threshold=4294967296:$M.top_pad=268435456 \\
+        VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 PYTHONHASHSEED=0 \\
         taskset -c 1 python tests/vllm_harness/step_log.py adaptive --concurrency 64 --passes 6
+
+(``GLIBC_TUNABLES``: the driver's ``MALLOC``, read by glibc as the process starts; without it a step's allocations
+churn pages and the steps' times, the policy's measurements with them, differ between engines.)
 """
 from __future__ import annotations
 
