@@ -2,11 +2,11 @@
 "Speculation that never loses: vLLM (CPU)", stop 69).
 
 One engine of ``bench_spec.py``'s modes in this process (run it pinned, as the driver pins its engines), warmed as the
-driver warms it at 64 in flight after 1, 4 and 16 (one pass at each), then ``--passes`` timed passes at
-``--concurrency``. Each scheduler step is logged (requests, scheduled tokens, seconds since the previous step ended)
-and, for an adaptive engine, the draft length the policy chose with its rates, and the seconds its ``DraftLengths``
-took. Printed: each pass's seconds and the steps' seconds per (batch bucket, drafts per request); ``--out``: the
-log as JSON.
+driver warms it at 64 in flight after 1, 4 and 16 (``--warm`` passes at each, then one at ``--concurrency``), then
+``--passes`` timed passes at ``--concurrency``. Each scheduler step is logged (requests, scheduled tokens, seconds
+since the previous step ended) and, for an adaptive engine, the draft length the policy chose with its rates, and the
+seconds its ``DraftLengths`` took. Printed: each pass's seconds and the steps' seconds per (batch bucket, drafts per
+request); ``--out``: the log as JSON.
 
     M=glibc.malloc; GLIBC_TUNABLES=$M.mmap_threshold=1073741824:$M.trim_threshold=4294967296:$M.top_pad=268435456 \\
         VLLM_ENABLE_V1_MULTIPROCESSING=0 OMP_NUM_THREADS=1 VLLM_CPU_OMP_THREADS_BIND=1 PYTHONHASHSEED=0 \\
@@ -80,6 +80,8 @@ def main() -> None:
     p.add_argument("mode", choices=MODES)
     p.add_argument("--concurrency", type=int, default=64)
     p.add_argument("--passes", type=int, default=6)
+    p.add_argument("--warm", default="1,1,1",
+                   help="passes before, at 1, 4 and 16 in flight (as many as the driver's rounds there: 9,13,24)")
     p.add_argument("--tasks", default="arithmetic;sort")
     p.add_argument("--n", type=int, default=32)
     p.add_argument("--max-new-tokens", type=int, default=24)
@@ -99,8 +101,10 @@ def main() -> None:
             llm.generate([TokensPrompt(prompt_token_ids=q) for q in ps[i:i + c]], sp, use_tqdm=False)
         return time.perf_counter() - t
 
-    for c in sorted({1, 4, 16, a.concurrency}):  # the driver's warm-up: each number in flight before this one
-        one_pass(c)
+    for c, n in zip((1, 4, 16), (int(w) for w in a.warm.split(","))):  # the driver's: each number in flight before
+        for _ in range(n if c < a.concurrency else 0):
+            one_pass(c)
+    one_pass(a.concurrency)  # (its warm-up pass)
     steps.clear()
     policy.update(seconds=0.0, choices=[])
     passes = [round(one_pass(a.concurrency), 3) for _ in range(a.passes)]
