@@ -794,6 +794,22 @@ def test_adaptive_length_on_a_host_that_drafts_for_the_next_step(p, n):
         assert told < untold
 
 
+def test_a_cpu_steps_fixed_part_is_not_scaled_away_with_its_batch():
+    """On a CPU (``per_request``) a bucket's step times are taken as at the bucket's batch. A step there has a fixed
+    part (this CPU's vLLM engine, plain steps: 11.9 ms at 32 requests, 15.7 ms at 56); scaled in proportion to the
+    batch a plain step timed at 56 requests would count 9.0 ms at 32, and a length timed at a bucket's larger batches
+    would look cheaper than plain decoding timed at its smaller ones. The fixed part is fitted to the bucket's plain
+    steps, so plain decoding and a length timed at any batch of the bucket compare at its own batch."""
+    policy = AdaptiveDraft(8).new(per_request=True)
+    step = lambda m, k: 0.0068 + 0.000158 * m * (1 + k)  # noqa: E731 (seconds: a fixed part and one per token)
+    for m in (32, 56, 36, 48):
+        policy.observe(m, 0, step(m, 0))
+    policy.observe(49, 4, step(49, 4))
+    policy.observe(49, 4, step(49, 4))
+    assert policy.time[32, 0] == pytest.approx(step(32, 0))  # (proportionally: the 56-request step, 8.9 ms)
+    assert policy.time[32, 4] > step(32, 4) * 0.95  # a length timed at 49 requests, at 32: not cheaper than it is
+
+
 def test_adaptive_length_follows_a_change_in_acceptance():
     policy = AdaptiveDraft(8).new()
     simulate(policy, 1, 0.95, cpu_like)

@@ -124,8 +124,10 @@ class DraftLength:
     def __init__(self, opts: AdaptiveDraft, per_request: bool = False, switch: int = 0):
         self.opts, self.per_request = opts, per_request  # per_request: see observe
         self.switch, self.last = switch, 0  # see rates; the last length chosen
-        self.samples: dict[tuple[int, int], deque[float]] = {}  # (bucket, k) -> the last step times
+        self.samples: dict[tuple[int, int], deque[tuple[int, float]]] = {}  # (bucket, k) -> the last steps' (batch,
+        # seconds)
         self.time: dict[tuple[int, int], float] = {}  # (bucket, k) -> seconds per step: its window's lower quartile
+        self.fixed: dict[int, float] = {}  # bucket -> a step's fixed part in requests' worth (per_request)
         self.steps: dict[int, int] = {}  # bucket -> steps decided
         self.probing: dict[int, tuple[int, int, int]] = {}  # bucket -> (k re-measured, steps it may still be asked,
         # its samples taken in all when done)
@@ -262,15 +264,38 @@ class DraftLength:
     def observe(self, batch: int, k: int, seconds: float, accepted: Sequence[int] = (), switch: bool = False) -> None:
         """A step of ``batch`` requests that verified ``k`` drafts each took ``seconds``; ``accepted``: the drafts
         accepted per request (k > 0); ``switch``: the step verified none and drafted k for the next (see rates).
-        ``per_request`` (a host whose step time grows with its batch: a CPU): the time is kept as the bucket's
+        ``per_request`` (a host whose step time grows with its batch: a CPU): each time is taken as the bucket's
         smallest batch would take it, so that of lengths measured as the batch shrank the later one does not look
-        cheaper."""
-        key = (bucket(batch), -k if switch else k)
-        times = self.samples.setdefault(key, deque(maxlen=self.opts.time_window))
-        times.append(seconds * key[0] / batch if self.per_request else seconds)
-        self.time[key] = sorted(times)[len(times) // 4]
+        cheaper; a step's time is its fixed part and a part per request, their ratio measured by the bucket's plain
+        steps (``window_time``)."""
+        key = (b := bucket(batch), -k if switch else k)
+        self.samples.setdefault(key, deque(maxlen=self.opts.time_window)).append((batch, seconds))
         self.taken[key] = self.taken.get(key, 0) + 1
+        before = self.fixed.get(b, 0.0)
+        if self.per_request and key[1] == 0:
+            self.fixed[b] = self.fixed_part(b)
+        for other in [kk for kk in self.samples if kk[0] == b] if self.fixed.get(b, 0.0) != before else [key]:
+            self.time[other] = self.window_time(other)  # (a new fixed part: every length of the bucket again)
         self.count(k, accepted)
+
+    def window_time(self, key: tuple[int, int]) -> float:
+        """The lower quartile of the cell's window, a step of m requests counted (f + b) / (f + m) of its time in
+        bucket b (``fixed_part`` f; a host that is not ``per_request``: as it was)."""
+        b, f = key[0], self.fixed.get(key[0], 0.0)
+        times = sorted(t * (f + b) / (f + m) if self.per_request else t for m, t in self.samples[key])
+        return times[len(times) // 4]
+
+    def fixed_part(self, b: int) -> float:
+        """The fixed part of a step in bucket ``b``, in requests' worth: f = alpha / beta of T = alpha + beta m fitted
+        to the bucket's plain steps (0, proportional, until two batch sizes are timed or where the fit is not
+        positive)."""
+        pts = self.samples.get((b, 0), ())
+        if len({m for m, _ in pts}) < 2:
+            return 0.0
+        mm, mt = sum(m for m, _ in pts) / len(pts), sum(t for _, t in pts) / len(pts)
+        beta = sum((m - mm) * (t - mt) for m, t in pts) / sum((m - mm) ** 2 for m, _ in pts)
+        alpha = mt - beta * mm
+        return alpha / beta if alpha > 0 and beta > 0 else 0.0
 
     def count(self, k: int, accepted: Sequence[int], ended: int | None = None, kept: int | None = None) -> None:
         """The drafts each request accepted in a step that verified ``k`` drafts each (a host that learns a step's
