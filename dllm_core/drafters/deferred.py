@@ -6,25 +6,22 @@ from __future__ import annotations
 
 import torch
 
-LIMIT = 64 << 20  # bytes of hidden rows held at most (memory, not rows: a row's width is the target's); reaching
-# it asks for the write at once. 64 MiB: 2,730 rows of 3 x 4,096 bf16 (an 8B target's DFlash context), 29,000 of a
-# tiny fp32 target's 3 x 192
+LIMIT = 2048  # rows held at most; reaching it asks for the write at once
 
 
 class DeferredContext:
     """The held rows: per plain step (hidden [n, H], the target's KV slots [n], the drafter's slots [n], positions
-    [n], request ids). ``limit``: the bytes of hidden rows held at most."""
+    [n], request ids)."""
 
     def __init__(self, limit: int = LIMIT):
         self.parts: list[tuple] = []
-        self.rows, self.bytes, self.limit = 0, 0, limit
+        self.rows, self.limit = 0, limit
 
     def add(self, hidden: torch.Tensor, slots: torch.Tensor, locs: torch.Tensor, pos: torch.Tensor, rids) -> bool:
-        """One plain step's rows -> whether the hidden rows held reached the limit in bytes (write them now)."""
+        """One plain step's rows -> whether the rows held reached the limit (write them now)."""
         self.parts.append((hidden, slots, locs, pos, list(rids)))
         self.rows += len(slots)
-        self.bytes += hidden.nelement() * hidden.element_size()
-        return self.bytes >= self.limit
+        return self.rows >= self.limit
 
     def take(self, live: dict | None = None, alive=None) -> tuple[torch.Tensor, ...] | None:
         """Every held row of a request in ``live`` (request id -> its row in the batch now), and nothing is held
@@ -40,11 +37,11 @@ class DeferredContext:
             if alive is not None:
                 keep = torch.tensor([r in alive for p in self.parts for r in p[4]], dtype=torch.bool)
                 hidden, slots, locs, pos = (x[keep.to(x.device)] for x in (hidden, slots, locs, pos))
-            self.parts, self.rows, self.bytes = [], 0, 0
+            self.parts, self.rows = [], 0
             j = newest(locs)
             return (hidden[j], slots[j], locs[j], pos[j], None) if len(j) else None
         rows = [(j, live[r]) for j, r in enumerate(r for p in self.parts for r in p[4]) if r in live]
-        self.parts, self.rows, self.bytes = [], 0, 0
+        self.parts, self.rows = [], 0
         j, i = torch.tensor(rows, dtype=torch.long, device=hidden.device).view(-1, 2).T  # [n] each
         return hidden[j], slots[j], locs[j], pos[j], i
 
