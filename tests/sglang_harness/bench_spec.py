@@ -12,8 +12,8 @@ a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" coun
     python tests/sglang_harness/bench_spec.py --tasks "arithmetic;sort;count" --n 8 --max-new-tokens 256 \
         --dtype bfloat16 --servers ar,dflash
 
-``adaptive-held-0`` is the adaptive DFLASH server held at k = 0 (``held_at_0.json``): the speculative server's own
-cost, which no draft length recovers. ``--rounds R`` measures docs/benchmarks.md "Speculation that never loses:
+``adaptive-held-0`` and ``tokenswift-held-0`` are the adaptive DFLASH and TOKENSWIFT servers held at k = 0
+(``held_at_0.json``): the speculative server's own cost, which no draft length recovers. ``--rounds R`` measures docs/benchmarks.md "Speculation that never loses:
 SGLang (CPU)" instead: the servers run side by side (an idle one sleeps), and at each number of requests in flight
 (``--concurrency 1,4,16,64``: the prompts sent that many at a time) every server takes a warm-up pass (the adaptive
 one measures its lengths at that batch size, as a running server has) and then R rounds, in ABBA order (the servers
@@ -62,6 +62,8 @@ FLAGS["tokenswift-adaptive"] = FLAGS["tokenswift"] + ("--speculative-adaptive",)
 FLAGS["ar-sync"] = ("--disable-overlap-schedule",)
 # the adaptive DFLASH server held at k = 0 (a plain step every step): what the speculative server costs without drafts
 FLAGS["adaptive-held-0"] = FLAGS["adaptive"] + ("--speculative-adaptive-config", str(HERE / "held_at_0.json"))
+FLAGS["tokenswift-held-0"] = FLAGS["tokenswift-adaptive"] + ("--speculative-adaptive-config",
+                                                              str(HERE / "held_at_0.json"))
 
 
 def scheduler_cpu_seconds(srv: SGLangServer) -> float:
