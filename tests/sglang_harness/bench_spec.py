@@ -13,11 +13,11 @@ a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" coun
         --dtype bfloat16 --servers ar,dflash
 
 ``adaptive-held-0`` and ``tokenswift-held-0`` are the adaptive DFLASH and TOKENSWIFT servers held at k = 0
-(``held_at_0.json``): the speculative server's own cost, which no draft length recovers. ``--rounds R`` measures docs/benchmarks.md "Speculation that never loses:
-SGLang (CPU)" instead: the servers run side by side (an idle one sleeps), and at each number of requests in flight
-(``--concurrency 1,4,16,64``: the prompts sent that many at a time) every server takes a warm-up pass (the adaptive
-one measures its lengths at that batch size, as a running server has) and then R rounds, in ABBA order (the servers
-in turn, reversed every other round): requests/s (median over rounds), the median over rounds of each server's ratio
+(``held_at_0.json``): the speculative server's own cost, which no draft length recovers. ``--rounds R`` measures
+docs/benchmarks.md "Speculation that never loses: SGLang (CPU)" instead: the servers run side by side (an idle one
+sleeps), and at each number of requests in flight (``--concurrency 1,4,16,64``: the prompts sent that many at a
+time) every server takes a warm-up pass (the adaptive one measures its lengths at that batch size, as a running
+server has) and then R rounds, in ABBA order (the servers in turn, reversed every other round): requests/s (median over rounds), the median over rounds of each server's ratio
 to the first in the same round (its range, a distribution-free 95 % interval for that median -
 ``dllm_core.drafters.bench.median_interval`` - and each round's), the same per CPU second of each server's scheduler
 process (the process that runs every forward: on a shared machine other processes' load inflates wall time, not
@@ -60,10 +60,10 @@ FLAGS["tokenswift-adaptive"] = FLAGS["tokenswift"] + ("--speculative-adaptive",)
 # plain decoding in SGLang's synchronous loop: on a CPU every speculative server runs it (SGLang turns overlap
 # scheduling off for speculative decoding on a CPU), plain decoding's default is the overlap loop
 FLAGS["ar-sync"] = ("--disable-overlap-schedule",)
-# the adaptive DFLASH server held at k = 0 (a plain step every step): what the speculative server costs without drafts
-FLAGS["adaptive-held-0"] = FLAGS["adaptive"] + ("--speculative-adaptive-config", str(HERE / "held_at_0.json"))
-FLAGS["tokenswift-held-0"] = FLAGS["tokenswift-adaptive"] + ("--speculative-adaptive-config",
-                                                              str(HERE / "held_at_0.json"))
+# the adaptive servers held at k = 0 (a plain step every step): what the speculative server costs without drafts
+HELD = ("--speculative-adaptive-config", str(HERE / "held_at_0.json"))
+FLAGS["adaptive-held-0"] = FLAGS["adaptive"] + HELD
+FLAGS["tokenswift-held-0"] = FLAGS["tokenswift-adaptive"] + HELD
 
 
 def scheduler_cpu_seconds(srv: SGLangServer) -> float:
