@@ -15,13 +15,13 @@ a subset (the first is the baseline). docs/dflash.md "Dtypes and exactness" coun
 ``adaptive-held-0`` and ``tokenswift-held-0`` are the adaptive DFLASH and TOKENSWIFT servers held at k = 0
 (``held_at_0.json``): the speculative server's own cost, which no draft length recovers. ``--rounds R`` measures
 docs/benchmarks.md "Speculation that never loses: SGLang (CPU)" instead: the servers run side by side (an idle one
-sleeps), and at each number of requests in flight (``--concurrency 1,4,16,64``: the prompts sent that many at a
-time) every server takes a warm-up pass (the adaptive one measures its lengths at that batch size, as a running
-server has) and then R rounds, in ABBA order (the servers in turn, reversed every other round): requests/s (median
-over rounds), the median over rounds of each server's ratio to the first in the same round (its range, a distribution-free 95 % interval for that median -
-``dllm_core.drafters.bench.median_interval`` - and each round's), the same per CPU second of each server's scheduler
-process (the process that runs every forward: on a shared machine other processes' load inflates wall time, not
-this), and answers identical to the first's in every round:
+sleeps), and at each number of requests in flight (``--concurrency 1,4,16,64``: the prompts sent that many at a time)
+every server takes a warm-up pass (the adaptive one measures its lengths at that batch size, as a running server has)
+and then R rounds, in ABBA order (the servers in turn, reversed every other round): requests/s (median over rounds), the
+median over rounds of each server's ratio to the first in the same round (its range, a distribution-free 95 % interval
+for that median - ``dllm_core.drafters.bench.median_interval`` - and each round's), the same per CPU second of each
+server's scheduler process (the process that runs every forward: on a shared machine other processes' load inflates wall
+time, not this), and answers identical to the first's in every round:
 
     python tests/sglang_harness/bench_spec.py --servers ar,dflash,adaptive --dtype float32 --rounds 2 \
         --max-running-requests 64 --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
