@@ -44,41 +44,87 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
 
 
 PREPARE_HOOK = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
-# SGLang's functions an adaptive DFLASH worker overrides or wraps (their signatures: test_sglang_server_spec.py)
+NGRAM_PREPARE_HOOK = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode"  # (TOKENSWIFT's: NGRAM's)
+ISOLATION_HOOK = "sglang.srt.managers.scheduler.Scheduler._forward_isolation"
+# SGLang's functions an adaptive worker overrides or wraps (their signatures: test_sglang_server_spec.py)
 OVERRIDES = (PREPARE_HOOK, "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
-             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.on_verify_complete_cpu")
-ADAPTIVE: list = []  # the adaptive DFLASH worker of this scheduler process (one at most), deciding its decode steps
+             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.on_verify_complete_cpu", NGRAM_PREPARE_HOOK,
+             ISOLATION_HOOK)
+ADAPTIVE: list = []  # the adaptive worker (DFLASH or TOKENSWIFT) of this scheduler process, deciding its decode steps
 
 
-def prepare_decode(original, draft_input, batch):
-    """AROUND ``DFlashDraftInputV2.prepare_for_decode`` (which reserves 2 verify blocks of KV per request at every
-    step: a result may still be in flight): an adaptive worker's draft length is chosen here, before the forward
-    (``draft_input.dllm_k``), and a step without drafts reserves what a plain step needs: the in-flight step's
-    width and its own token."""
-    worker = ADAPTIVE[0] if ADAPTIVE else None
-    if worker is None or not batch.reqs:
-        return original(draft_input, batch)
-    draft_input.dllm_k = k = worker.dllm_clock.dispatched(len(batch.reqs), batch.reqs)
-    if k:
-        return original(draft_input, batch)
+def chosen(batch):
+    """An adaptive worker's draft length for ``batch``'s decode step, chosen as its KV is reserved (``dllm_k`` on the
+    step's speculative input; None: no adaptive worker, no input or requests)."""
+    if not ADAPTIVE or not batch.reqs or batch.spec_info is None:
+        return None
+    batch.spec_info.dllm_k = k = ADAPTIVE[0].dllm_clock.dispatched(len(batch.reqs), batch.reqs)
+    return k
+
+
+def plain_decode_step(batch) -> bool:
+    """A step the scheduler prepared without drafts that runs as ``decode_forward`` (``decodes_plainly``)."""
+    return (getattr(batch.spec_info, "dllm_k", None) == 0 and decodes_plainly(batch)
+            and not getattr(ADAPTIVE[0], "_need_mamba_verify_commit", False))
+
+
+def reserve_plain(batch, width: int):
+    """The KV a step without drafts needs per request: the in-flight step's ``width`` and its own token (SGLang's
+    speculative reservation: two whole verify blocks); -> (committed [bs], reserved up to [bs]) on the CPU."""
     from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
 
     batch.maybe_evict_swa()
     reqs, page = batch.reqs, batch.token_to_kv_pool_allocator.page_size
     lens = [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in reqs]
-    ends = [max(a, -(-(c + worker.dllm_width + 1) // page) * page) for c, a in lens]
+    ends = [max(a, -(-(c + width + 1) // page) * page) for c, a in lens]
     committed, cur = torch.tensor([c for c, _ in lens]), torch.tensor([a for _, a in lens], dtype=torch.int32)
     nxt = torch.tensor(ends, dtype=torch.int32)
     alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
                           cur_kv_lens=cur.to(batch.device), cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device),
                           nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - sum(a for _, a in lens), batch=batch)
-    tops = [r.sampling_params.top_k for r in reqs]
     for r in reqs:
         r.decode_batch_idx += 1
+    return committed, nxt
+
+
+def prepare_decode(original, draft_input, batch):
+    """AROUND ``DFlashDraftInputV2.prepare_for_decode`` (which reserves 2 verify blocks of KV per request at every
+    step: a result may still be in flight): a step without drafts reserves what a plain step needs
+    (``reserve_plain``)."""
+    if chosen(batch) != 0:
+        return original(draft_input, batch)
+    committed, nxt = reserve_plain(batch, ADAPTIVE[0].dllm_width)
+    tops = [r.sampling_params.top_k for r in batch.reqs]
     draft_input.max_top_k = max(*tops, 1)
     draft_input.uniform_top_k_value = tops[0] if min(tops) == max(tops) else None
-    batch.seq_lens_cpu, batch.seq_lens_sum = committed, sum(c for c, _ in lens)
-    draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, sum(ends)
+    batch.seq_lens_cpu, batch.seq_lens_sum = committed, int(committed.sum())
+    draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, int(nxt.sum())
+
+
+def ngram_prepare_decode(original, batch):
+    """AROUND ``eagle_prepare_for_decode`` (NGRAM's, TOKENSWIFT's): as ``prepare_decode``; penalties keep SGLang's."""
+    if chosen(batch) != 0 or not plain_decode_step(batch) or batch.sampling_info.penalizer_orchestrator.is_required:
+        return original(batch)
+    reserve_plain(batch, ADAPTIVE[0].dllm_width)
+
+
+def forward_isolation(original, scheduler, batch, *, overlap):
+    """AROUND ``Scheduler._forward_isolation`` (a snapshot of every batch field, restored after the forward): a step
+    that runs as ``decode_forward``, which restores what it sets, keeps only the forward's sampling-info copy."""
+    if overlap or not plain_decode_step(batch):
+        return original(scheduler, batch, overlap=overlap)
+    return forward_sampling_info(batch)
+
+
+@contextmanager
+def forward_sampling_info(batch):
+    """The batch's sampling info replaced by its forward-only copy for one forward (SGLang's for a plain batch)."""
+    info = batch.sampling_info
+    batch.sampling_info = info.copy_for_forward()
+    try:
+        yield
+    finally:
+        batch.sampling_info = info
 
 
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
