@@ -144,14 +144,12 @@ def adaptive(worker):
     launch's width, as every other step's."""
     from sglang.srt.speculative import ngram_worker
 
-    from .spec import ADAPTIVE, at_width, decodes_plainly, step_clock
+    from .spec import adopt, at_width, decodes_plainly, step_length
 
     class AdaptiveTokenSwiftWorker(worker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            self.dllm_clock, self.dllm_widths = step_clock(server_args, self.draft_token_num - 1, self.device), {}
-            self.dllm_width = self.draft_token_num  # the last decode step's verify width (KV a plain step reserves)
-            ADAPTIVE[:] = [self]
+            adopt(self, server_args, self.draft_token_num)
             logging.getLogger(__name__).info("TOKENSWIFT at the core's adaptive draft length: %s",
                                              self.dllm_clock.lengths.opts)
 
@@ -162,11 +160,7 @@ def adaptive(worker):
 
         def forward_batch_generation(self, batch, **kwargs):
             decode, full = batch.forward_mode.is_decode(), self.speculative_num_draft_tokens
-            k = vars(batch.spec_info).pop("dllm_k", None) if decode and batch.spec_info is not None else None
-            if k is None:  # (else chosen as its KV was reserved)
-                k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0, batch.reqs)
-            if decode:
-                self.dllm_width = k + 1
+            k = step_length(self, batch, decode)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
             if k == 0 and decodes_plainly(batch):
