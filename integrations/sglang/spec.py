@@ -78,12 +78,12 @@ def plain_reserved(batch):
 
     batch.maybe_evict_swa()
     reqs, page = batch.reqs, batch.token_to_kv_pool_allocator.page_size
-    lens = [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in reqs]
-    ends = [max(a, -(-(c + ADAPTIVE[0].dllm_width + 1) // page) * page) for c, a in lens]
-    cur, nxt = torch.tensor([[a for _, a in lens], ends], dtype=torch.int32)  # [bs] each
+    alloc, w = [r.kv.kv_allocated_len for r in reqs], ADAPTIVE[0].dllm_width
+    ends = [max(a, -(-(r.kv.kv_committed_len + w + 1) // page) * page) for r, a in zip(reqs, alloc)]
+    cur, nxt = torch.tensor(alloc, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)  # [bs]
     alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
                           cur_kv_lens=cur.to(batch.device), cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device),
-                          nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - int(cur.sum()), batch=batch)
+                          nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - sum(alloc), batch=batch)
     for r in reqs:
         r.decode_batch_idx += 1
     return nxt
