@@ -22,7 +22,7 @@ def register() -> None:
     from .response import report_logprobs
     from dllm_core.models.hf_config import register_configs
     from .dtypes import EMBEDS_HOOK, drafter_launch_checks, embeds_in_runner_dtype
-    from . import spec
+    from .spec import PREPARE_HOOK, adaptive_worker, prepare_decode
 
     register_configs()
     algo_name_to_cls.update((cls.__name__, cls) for cls in ALGORITHMS)
@@ -34,10 +34,8 @@ def register() -> None:
              ("sglang.srt.arg_groups.speculative_hook.handle_speculative_decoding", drafter_launch_checks,
               HookType.AFTER),
              (ADMISSION_HOOK, validate_request, HookType.AFTER),
-             ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", spec.adaptive_worker,
-              HookType.AFTER), (spec.PREPARE_HOOK, spec.prepare_decode, HookType.AROUND),
-             (spec.NGRAM_PREPARE_HOOK, spec.ngram_prepare_decode, HookType.AROUND),
-             (spec.ISOLATION_HOOK, spec.forward_isolation, HookType.AROUND),
+             ("sglang.srt.speculative.spec_info.SpeculativeAlgorithm.create_worker", adaptive_worker, HookType.AFTER),
+             (PREPARE_HOOK, prepare_decode, HookType.AROUND),
              (GRAPHS_HOOK, plain_forwards_only, HookType.AROUND), (STREAM_HOOK, report_logprobs, HookType.BEFORE)]
     for target, fn, kind in hooks:
         if not any(h is fn for _, h, _ in HookRegistry._hooks.get(target, [])):

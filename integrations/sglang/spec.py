@@ -19,26 +19,15 @@ WIDTH = ("block_size", "_block_pos_offsets", "_draft_block_spec_info", "_draft_b
          "_out_tokens_bufs", "_new_seq_lens_bufs", "_accept_bonus_buffer_cap", "_accept_bonus_buffer_slot")
 
 
-def adopt(worker, server_args, width: int) -> None:
-    """``worker`` (of verify ``width``) at the core's draft length, options from ``--speculative-adaptive-config``: its
-    ``StepClock`` (``dllm_clock``), the last decode step's verify width (``dllm_width``), this process's ``ADAPTIVE``."""
+def step_clock(server_args, max_draft: int, device) -> StepClock:
+    """The core's draft length for one worker, its options from ``--speculative-adaptive-config``."""
     from sglang.srt.managers.scheduler_components.batch_result_processor import SchedulerBatchResultProcessor
 
     opts = read_mapping(server_args.speculative_adaptive_config, OPTION)
-    cpu = torch.device(worker.device).type == "cpu"
+    cpu = torch.device(device).type == "cpu"
     kept = SchedulerBatchResultProcessor._visible_output_len  # (the result comes before the cut)
-    worker.dllm_clock = StepClock(AdaptiveDraft.of(width - 1, opts, OPTION).new(per_request=cpu), synchronous=cpu,
-                                  kept=kept, left=lambda r: (r.sampling_params.max_new_tokens or 1 << 30) - kept(r))
-    worker.dllm_widths, worker.dllm_width, ADAPTIVE[:] = {}, width, [worker]
-
-
-def step_length(worker, batch, decode: bool) -> int:
-    """A step's draft length: chosen as its KV was reserved (``plain_reserved``), else now."""
-    k = vars(batch.spec_info).pop("dllm_k", None) if decode and batch.spec_info is not None else None
-    k = worker.dllm_clock.dispatched(len(batch.reqs) if decode else 0, batch.reqs) if k is None else k
-    if decode:
-        worker.dllm_width = k + 1
-    return k
+    return StepClock(AdaptiveDraft.of(max_draft, opts, OPTION).new(per_request=cpu), synchronous=cpu, kept=kept,
+                     left=lambda r: (r.sampling_params.max_new_tokens or 1 << 30) - kept(r))
 
 
 @contextmanager
@@ -55,78 +44,41 @@ def at_width(worker, attrs, widths: dict, width: int, fresh):
 
 
 PREPARE_HOOK = "sglang.srt.speculative.dflash_info_v2.DFlashDraftInputV2.prepare_for_decode"
-NGRAM_PREPARE_HOOK = "sglang.srt.speculative.eagle_utils.eagle_prepare_for_decode"  # (TOKENSWIFT's: NGRAM's)
-ISOLATION_HOOK = "sglang.srt.managers.scheduler.Scheduler._forward_isolation"
-# SGLang's functions an adaptive worker overrides or wraps (their signatures: test_sglang_server_spec.py)
+# SGLang's functions an adaptive DFLASH worker overrides or wraps (their signatures: test_sglang_server_spec.py)
 OVERRIDES = (PREPARE_HOOK, "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.forward_batch_generation",
-             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.on_verify_complete_cpu", NGRAM_PREPARE_HOOK,
-             ISOLATION_HOOK)
-ADAPTIVE: list = []  # the adaptive worker (DFLASH or TOKENSWIFT) of this scheduler process, deciding its decode steps
+             "sglang.srt.speculative.dflash_worker_v2.DFlashWorkerV2.on_verify_complete_cpu")
+ADAPTIVE: list = []  # the adaptive DFLASH worker of this scheduler process (one at most), deciding its decode steps
 
 
-def plain_reserved(batch):
-    """In the speculative decode preparations: the adaptive worker's draft length for the step is chosen here, before
-    its forward (``dllm_k`` on its input), and a step without drafts that runs as ``decode_forward`` reserves only the
-    KV of the in-flight step's width and its own token per request (SGLang's: 2 verify blocks); -> the lengths
-    reserved [bs] (None: SGLang's preparation runs)."""
-    if not ADAPTIVE or not batch.reqs or batch.spec_info is None:
-        return None
-    batch.spec_info.dllm_k = ADAPTIVE[0].dllm_clock.dispatched(len(batch.reqs), batch.reqs)
-    if not plain_step_of(batch) or batch.sampling_info.penalizer_orchestrator.is_required:
-        return None
+def prepare_decode(original, draft_input, batch):
+    """AROUND ``DFlashDraftInputV2.prepare_for_decode`` (which reserves 2 verify blocks of KV per request at every
+    step: a result may still be in flight): an adaptive worker's draft length is chosen here, before the forward
+    (``draft_input.dllm_k``), and a step without drafts reserves what a plain step needs: the in-flight step's
+    width and its own token."""
+    worker = ADAPTIVE[0] if ADAPTIVE else None
+    if worker is None or not batch.reqs:
+        return original(draft_input, batch)
+    draft_input.dllm_k = k = worker.dllm_clock.dispatched(len(batch.reqs), batch.reqs)
+    if k:
+        return original(draft_input, batch)
     from sglang.srt.mem_cache.allocation import alloc_for_spec_decode
 
     batch.maybe_evict_swa()
     reqs, page = batch.reqs, batch.token_to_kv_pool_allocator.page_size
-    alloc, w = [r.kv.kv_allocated_len for r in reqs], ADAPTIVE[0].dllm_width
-    ends = [max(a, -(-(r.kv.kv_committed_len + w + 1) // page) * page) for r, a in zip(reqs, alloc)]
-    cur, nxt = torch.tensor(alloc, dtype=torch.int32), torch.tensor(ends, dtype=torch.int32)  # [bs]
+    lens = [(r.kv.kv_committed_len, r.kv.kv_allocated_len) for r in reqs]
+    ends = [max(a, -(-(c + worker.dllm_width + 1) // page) * page) for c, a in lens]
+    committed, cur = torch.tensor([c for c, _ in lens]), torch.tensor([a for _, a in lens], dtype=torch.int32)
+    nxt = torch.tensor(ends, dtype=torch.int32)
     alloc_for_spec_decode(batch.tree_cache, batch.req_to_token_pool, reqs=reqs, req_pool_indices=batch.req_pool_indices,
                           cur_kv_lens=cur.to(batch.device), cur_kv_lens_cpu=cur, nxt_kv_lens=nxt.to(batch.device),
-                          nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - sum(alloc), batch=batch)
+                          nxt_kv_lens_cpu=nxt, num_needed_tokens=sum(ends) - sum(a for _, a in lens), batch=batch)
+    tops = [r.sampling_params.top_k for r in reqs]
     for r in reqs:
         r.decode_batch_idx += 1
-    return nxt
-
-
-def prepare_decode(original, draft_input, batch):
-    """AROUND ``DFlashDraftInputV2.prepare_for_decode``: ``plain_reserved``, and DFLASH's bookkeeping of it."""
-    if (nxt := plain_reserved(batch)) is None:
-        return original(draft_input, batch)
-    tops = [r.sampling_params.top_k for r in batch.reqs]
     draft_input.max_top_k = max(*tops, 1)
     draft_input.uniform_top_k_value = tops[0] if min(tops) == max(tops) else None
-    batch.seq_lens_cpu = torch.tensor([r.kv.kv_committed_len for r in batch.reqs])
-    batch.seq_lens_sum = int(batch.seq_lens_cpu.sum())
-    draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, int(nxt.sum())
-
-
-def ngram_prepare_decode(original, batch):
-    """AROUND ``eagle_prepare_for_decode`` (NGRAM's, so TOKENSWIFT's): ``plain_reserved``."""
-    if plain_reserved(batch) is None:
-        original(batch)
-
-
-def plain_step_of(batch) -> bool:
-    """Whether the scheduler prepared ``batch``'s step without drafts, to run as ``decode_forward``."""
-    return (getattr(batch.spec_info, "dllm_k", None) == 0 and decodes_plainly(batch)
-            and not getattr(ADAPTIVE[0], "_need_mamba_verify_commit", False))
-
-
-@contextmanager
-def forward_isolation(original, scheduler, batch, *, overlap):
-    """AROUND ``Scheduler._forward_isolation`` (every batch field saved and restored around a speculative forward): a
-    step without drafts (``decode_forward`` restores what it sets) keeps only the forward's copy of sampling info."""
-    if overlap or not plain_step_of(batch):
-        with original(scheduler, batch, overlap=overlap):
-            yield
-        return
-    info = batch.sampling_info
-    batch.sampling_info = info.copy_for_forward()
-    try:
-        yield
-    finally:
-        batch.sampling_info = info
+    batch.seq_lens_cpu, batch.seq_lens_sum = committed, sum(c for c, _ in lens)
+    draft_input.nxt_kv_lens_cpu, draft_input.nxt_kv_lens_sum = nxt, sum(ends)
 
 
 STEP = ("input_ids", "out_cache_loc", "seq_lens", "seq_lens_cpu", "orig_seq_lens", "seq_lens_sum", "spec_info")
@@ -181,12 +133,19 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
             if get_parallel().tp_group.world_size > 1 or self._is_domino or {self.selector, self.lilicorr} - {None}:
                 raise ValueError("--speculative-adaptive with DFLASH: one rank (its own measured times decide) and a "
                                  "plain DFlash drafter (no selector, LiLiCorr or Domino head)")
-            adopt(self, server_args, self.block_size)
+            self.dllm_clock, self.dllm_widths = step_clock(server_args, self.block_size - 1, self.device), {}
+            self.dllm_width = self.block_size  # the last decode step's verify width (KV a plain step reserves)
+            ADAPTIVE[:] = [self]
             self.dllm_deferred = DeferredContext()  # the plain steps' drafter context
 
         def forward_batch_generation(self, batch, *args, **kwargs):
             prefill = batch.forward_mode.is_extend() or batch.is_extend_in_batch or batch.forward_mode.is_idle()
-            k, full, runner = step_length(self, batch, not prefill), self.block_size, self.draft_model_runner
+            k = None if prefill else vars(batch.spec_info).pop("dllm_k", None)  # chosen as its KV was reserved
+            if k is None:
+                k = self.dllm_clock.dispatched(0 if prefill else len(batch.seq_lens), batch.reqs)
+            full, runner = self.block_size, self.draft_model_runner
+            if not prefill:
+                self.dllm_width = k + 1
             if k == 0 and not prefill and decodes_plainly(batch) and not self._need_mamba_verify_commit:
                 return self.plain_step(batch, kwargs.get("on_publish"))
             if not prefill:

@@ -144,12 +144,12 @@ def adaptive(worker):
     launch's width, as every other step's."""
     from sglang.srt.speculative import ngram_worker
 
-    from .spec import adopt, at_width, decodes_plainly, step_length
+    from .spec import at_width, decodes_plainly, step_clock
 
     class AdaptiveTokenSwiftWorker(worker):
         def __init__(self, server_args, *args, **kwargs):
             super().__init__(server_args, *args, **kwargs)
-            adopt(self, server_args, self.draft_token_num)
+            self.dllm_clock, self.dllm_widths = step_clock(server_args, self.draft_token_num - 1, self.device), {}
             logging.getLogger(__name__).info("TOKENSWIFT at the core's adaptive draft length: %s",
                                              self.dllm_clock.lengths.opts)
 
@@ -160,7 +160,7 @@ def adaptive(worker):
 
         def forward_batch_generation(self, batch, **kwargs):
             decode, full = batch.forward_mode.is_decode(), self.speculative_num_draft_tokens
-            k = step_length(self, batch, decode)
+            k = self.dllm_clock.dispatched(len(batch.reqs) if decode else 0, batch.reqs)
             if not decode or k + 1 == full:
                 return super().forward_batch_generation(batch, **kwargs)
             if k == 0 and decodes_plainly(batch):
