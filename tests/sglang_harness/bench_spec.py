@@ -25,6 +25,16 @@ time, not this), and answers identical to the first's in every round:
 
     python tests/sglang_harness/bench_spec.py --servers ar,dflash,adaptive --dtype float32 --rounds 2 \
         --max-running-requests 64 --tasks "arithmetic;sort" --n 32 --max-new-tokens 24 --concurrency 1,4,16,64
+
+One server process can run steadily a few per cent faster than another of the same code (two TOKENSWIFT servers held at
+k = 0, one with stop 71's k = 0 scheduler hooks (not kept) and one without, measured 0.97x and 1.02x of each other with
+their start order swapped), which rounds against the same servers do not average out: ``--sessions S`` shares the rounds
+out over S sets of fresh servers (the start order reversed every other session, rotated every two), every server with
+PYTHONHASHSEED=0; ``ar-b`` is a second plain server, the A/A control whose ratio to ``ar`` shows the resolution:
+
+    python tests/sglang_harness/bench_spec.py --servers ar,ar-b,tokenswift-adaptive,tokenswift-held-0 \
+        --dtype float32 --rounds 20 --sessions 2 --max-running-requests 64 --tasks "arithmetic;sort" --n 32 \
+        --max-new-tokens 24 --concurrency 1
 """
 from __future__ import annotations
 
@@ -60,6 +70,7 @@ FLAGS["tokenswift-adaptive"] = FLAGS["tokenswift"] + ("--speculative-adaptive",)
 # plain decoding in SGLang's synchronous loop: on a CPU every speculative server runs it (SGLang turns overlap
 # scheduling off for speculative decoding on a CPU), plain decoding's default is the overlap loop
 FLAGS["ar-sync"] = ("--disable-overlap-schedule",)
+FLAGS["ar-b"] = ()  # a second plain server: the A/A control, whose ratio to ``ar`` shows the driver's resolution
 # the adaptive servers held at k = 0 (a plain step every step): what the speculative server costs without drafts
 HELD = ("--speculative-adaptive-config", str(HERE / "held_at_0.json"))
 FLAGS["adaptive-held-0"] = FLAGS["adaptive"] + HELD
@@ -87,36 +98,47 @@ def timed(srv: SGLangServer, prompts, max_new: int, c: int) -> dict:
     return {**r, "cpu_seconds": scheduler_cpu_seconds(srv) - cpu}
 
 
-def rounds(names: list[str], prompts, max_new: int, concurrency: list[int], n_rounds: int, flags) -> dict:
-    """The paired rounds (module docstring), all servers up at once."""
-    with contextlib.ExitStack() as stack:
-        srvs = {name: stack.enter_context(SGLangServer(TARGET, *flags, *FLAGS[name])) for name in names}
-        out = {}
-        for c in concurrency:
-            for name in names:
-                run(srvs[name].url, prompts, max_new, c)  # warm-up pass
-            passes = [{name: timed(srvs[name], prompts, max_new, c) for name in (names if r % 2 == 0 else names[::-1])}
-                      for r in range(n_rounds)]
-            ratios = {name: sorted(p[names[0]]["seconds"] / p[name]["seconds"] for p in passes) for name in names}
-            cpu = {name: statistics.median(p[names[0]]["cpu_seconds"] / p[name]["cpu_seconds"] for p in passes)
-                   for name in names}
-            out[c] = {name: {
-                "requests_per_s": round(statistics.median(len(prompts) / p[name]["seconds"] for p in passes), 2),
-                "vs_first": round(statistics.median(ratios[name]), 3),
-                "vs_first_range": [round(ratios[name][0], 3), round(ratios[name][-1], 3)],
-                "vs_first_interval": [round(x, 3) for x in median_interval(ratios[name])],
-                "vs_first_rounds": [round(p[names[0]]["seconds"] / p[name]["seconds"], 3) for p in passes],
-                "requests_per_cpu_s": round(statistics.median(len(prompts) / p[name]["cpu_seconds"] for p in passes),
-                                            2),
-                "vs_first_cpu": round(cpu[name], 3),
-                "identical": min(sum(a == b for a, b in zip(p[name]["answers"], p[names[0]]["answers"]))
-                                 for p in passes),
-                "tokens_per_verify": round(sum(p[name]["tokens"] for p in passes)
-                                           / sum(p[name]["verify_steps"] for p in passes), 2)
-                if passes[0][name]["verify_steps"] else None}
-                for name in names}
-            print(json.dumps({c: out[c]}), flush=True)
+def rounds(names: list[str], prompts, max_new: int, concurrency: list[int], n_rounds: int, flags,
+           sessions: int = 1) -> dict:
+    """The paired rounds (module docstring), all servers up at once, shared out over ``sessions`` sets of fresh
+    servers (their start order reversed every other session and rotated every two)."""
+    passes: dict[int, list] = {c: [] for c in concurrency}
+    for k in range(sessions):
+        turn = names[k // 2 % len(names):] + names[:k // 2 % len(names)]
+        with contextlib.ExitStack() as stack:
+            srvs = {name: stack.enter_context(SGLangServer(TARGET, *flags, *FLAGS[name]))
+                    for name in (turn[::-1] if k % 2 else turn)}
+            for c in concurrency:
+                for name in names:
+                    run(srvs[name].url, prompts, max_new, c)  # warm-up pass
+                for _ in range(n_rounds * (k + 1) // sessions - n_rounds * k // sessions):
+                    order = names if len(passes[c]) % 2 == 0 else names[::-1]
+                    passes[c].append({name: timed(srvs[name], prompts, max_new, c) for name in order})
+        print(f"session {k + 1} of {sessions} done", file=sys.stderr, flush=True)
+    out = {c: cells(names, passes[c], len(prompts)) for c in concurrency}
+    for c in concurrency:
+        print(json.dumps({c: out[c]}), flush=True)
     return out
+
+
+def cells(names: list[str], passes: list[dict], n: int) -> dict:
+    """Each server's cell over the rounds ``passes`` ({server: its pass}), against the first server's."""
+    ratios = {name: sorted(p[names[0]]["seconds"] / p[name]["seconds"] for p in passes) for name in names}
+    cpu = {name: statistics.median(p[names[0]]["cpu_seconds"] / p[name]["cpu_seconds"] for p in passes)
+           for name in names}
+    return {name: {
+        "requests_per_s": round(statistics.median(n / p[name]["seconds"] for p in passes), 2),
+        "vs_first": round(statistics.median(ratios[name]), 3),
+        "vs_first_range": [round(ratios[name][0], 3), round(ratios[name][-1], 3)],
+        "vs_first_interval": [round(x, 3) for x in median_interval(ratios[name])],
+        "vs_first_rounds": [round(p[names[0]]["seconds"] / p[name]["seconds"], 3) for p in passes],
+        "requests_per_cpu_s": round(statistics.median(n / p[name]["cpu_seconds"] for p in passes), 2),
+        "vs_first_cpu": round(cpu[name], 3),
+        "identical": min(sum(a == b for a, b in zip(p[name]["answers"], p[names[0]]["answers"])) for p in passes),
+        "tokens_per_verify": round(sum(p[name]["tokens"] for p in passes)
+                                   / sum(p[name]["verify_steps"] for p in passes), 2)
+        if passes[0][name]["verify_steps"] else None}
+        for name in names}
 
 
 def main() -> None:
@@ -126,6 +148,7 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--concurrency", default="1", help="requests in flight (several, comma-separated: --rounds)")
     p.add_argument("--rounds", type=int, default=0, help="paired rounds (module docstring); 0: one pass each")
+    p.add_argument("--sessions", type=int, default=1, help="sets of fresh servers the rounds are shared out over")
     p.add_argument("--max-running-requests", type=int, help="every server's (SGLang's default: 48 with speculation)")
     p.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
     p.add_argument("--servers", default=",".join(FLAGS), help=f"comma-separated subset of {list(FLAGS)}")
@@ -141,7 +164,9 @@ def main() -> None:
     conc = [int(c) for c in a.concurrency.split(",")]
     result = {"tasks": a.tasks, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "dtype": a.dtype}
     if a.rounds:
-        result.update(rounds=a.rounds, table=rounds(names, prompts, a.max_new_tokens, conc, a.rounds, flags))
+        os.environ.setdefault("PYTHONHASHSEED", "0")  # the servers' string hashes alike (harness_env copies it)
+        result.update(rounds=a.rounds, sessions=a.sessions,
+                      table=rounds(names, prompts, a.max_new_tokens, conc, a.rounds, flags, a.sessions))
     else:
         if len(conc) != 1:
             p.error("--concurrency: one value without --rounds")
