@@ -163,6 +163,8 @@ def main() -> None:
                                                    "--max-total-tokens", str(max(16384, 512 * a.max_running_requests))))
     conc = [int(c) for c in a.concurrency.split(",")]
     result = {"tasks": a.tasks, "prompts": len(prompts), "max_new_tokens": a.max_new_tokens, "dtype": a.dtype}
+    if a.rounds and not 1 <= a.sessions <= a.rounds:
+        p.error(f"--sessions: 1 to --rounds ({a.rounds}), got {a.sessions}")
     if a.rounds:
         os.environ.setdefault("PYTHONHASHSEED", "0")  # the servers' string hashes alike (harness_env copies it)
         result.update(rounds=a.rounds, sessions=a.sessions,
