@@ -832,6 +832,15 @@ def test_adaptive_speculative_equals_ar(target, trained_drafter, text_prompts, c
     assert (measured == {0}) if candidates == (0,) else ({0, 1} <= measured)
 
 
+def test_session_order_rotates_every_two_sessions_and_reverses_odd_ones():
+    """The benchmark drivers' start order of each session's servers / engines: over four sessions of three, each name
+    starts first, last and in the middle alike often (as the first two sessions give it, then rotated)."""
+    from dllm_core.drafters.bench import session_order
+
+    assert [session_order(("a", "b", "c"), k) for k in range(4)] == [
+        ["a", "b", "c"], ["c", "b", "a"], ["b", "c", "a"], ["a", "c", "b"]]
+
+
 def test_median_interval_is_the_binomial_order_statistics():
     """The benchmark drivers' 95 % interval for the median of paired rounds: x_(2)..x_(9) of 10 rounds (coverage
     1 - 2 * 11 / 1024), x_(4)..x_(12) of 15, the range of 6 (1 - 2 / 64); with 5 rounds no pair of order statistics

@@ -27,6 +27,13 @@ def median_interval(values, level: float = 0.95) -> tuple[float, float]:
     return (xs[j - 1], xs[n - j]) if j else (xs[0], xs[-1])
 
 
+def session_order(names, k: int) -> list:
+    """The start order of session ``k``'s fresh servers / engines in the benchmark drivers: ``names`` rotated every two
+    sessions and reversed in odd ones, so each one's place in the order is the same on average over sessions."""
+    turn = list(names[k // 2 % len(names):]) + list(names[:k // 2 % len(names)])
+    return turn[::-1] if k % 2 else turn
+
+
 def compare(target, drafter, prompts: list[list[int]], cfg: SpecConfig, warmup: bool = True,
             lengths: DraftLength | None = None) -> dict:
     """Decode every prompt with AR and with DFlash (interleaved, so machine noise hits both alike); with ``lengths``

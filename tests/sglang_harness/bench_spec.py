@@ -51,7 +51,7 @@ ROOT = HERE.parents[1]
 sys.path[:0] = [str(HERE), str(ROOT / "examples")]
 
 from server import SGLangServer  # noqa: E402
-from dllm_core.drafters.bench import median_interval  # noqa: E402
+from dllm_core.drafters.bench import median_interval, session_order  # noqa: E402
 from sglang_spec_bench import measure, run, table, task_prompts  # noqa: E402
 
 TARGET = ROOT / "models" / "qwen3-tasks"
@@ -104,10 +104,9 @@ def rounds(names: list[str], prompts, max_new: int, concurrency: list[int], n_ro
     servers (their start order reversed every other session and rotated every two)."""
     passes: dict[int, list] = {c: [] for c in concurrency}
     for k in range(sessions):
-        turn = names[k // 2 % len(names):] + names[:k // 2 % len(names)]
         with contextlib.ExitStack() as stack:
             srvs = {name: stack.enter_context(SGLangServer(TARGET, *flags, *FLAGS[name]))
-                    for name in (turn[::-1] if k % 2 else turn)}
+                    for name in session_order(names, k)}
             for c in concurrency:
                 for name in names:
                     run(srvs[name].url, prompts, max_new, c)  # warm-up pass

@@ -287,10 +287,11 @@ def session(a: argparse.Namespace, modes: tuple[str, ...], conc: list[int], k: i
     """Session ``k``: fresh engines (their start order rotated every two sessions, reversed in odd ones), then at
     each concurrency a warm-up round and this session's share of the planned rounds (``runs``, ``bg``: appended to;
     ``planned``: filled by the first session). The prompts' count."""
+    from dllm_core.drafters.bench import session_order
+
     procs, spare = {}, []
-    turn = list(modes[k // 2 % len(modes):] + modes[:k // 2 % len(modes)])  # rotated every two sessions
-    try:  # reversed every other session: each mode's place in the start order the same on average over two
-        procs, spare, count = start_engines(a, turn[::-1] if k % 2 else turn)
+    try:
+        procs, spare, count = start_engines(a, session_order(modes, k))
         procs = {m: procs[m] for m in modes}
         load, seq = Load([p.pid for p in procs.values()] + [p.pid for p in spare]), Sequence(list(modes))
         for c in conc:
