@@ -730,6 +730,37 @@ def test_adaptive_length_counts_the_tokens_a_host_kept(p, waves, skip):
     assert overlapped_waves(p, True, None, waves, skip) < overlapped_waves(p, False, None, waves, skip)
 
 
+def test_acceptance_is_measured_draft_by_draft():
+    """s_i is the product of per-draft rates, each measured where that draft was offered after the one before was
+    accepted. After a spell where every request accepted 1 of 8 drafts, a spell at 2 drafts where every request takes
+    both lifts s_8 with s_2 (the rates past draft 2 were never measured: the last one carries on), where counting s_i
+    over the requests offered i drafts kept s_8 at the first spell's 0.004 and the policy at 2. A rate not measured
+    for long returns toward ``PRIOR``'s. A request whose token budget left room for one draft, which it took, is no
+    rejection of draft 2 (SGLang: read at the result, as the kept lengths)."""
+    from dllm_core.drafters.adaptive import StepClock
+
+    lengths = AdaptiveDraft(8).new()
+    for _ in range(100):
+        lengths.count(8, [1] * 4)
+    assert lengths.survival()[1] > 0.95 > 0.05 > lengths.survival()[2]
+    for _ in range(300):
+        lengths.count(2, [2] * 4)
+    assert lengths.survival()[2] > 0.95 and lengths.survival()[8] > 0.75
+    lengths = AdaptiveDraft(8).new()
+    lengths.count(8, [3] * 4)
+    assert lengths.survival()[4] < 0.25
+    for _ in range(300):
+        lengths.count(2, [2] * 4)
+    assert lengths.survival()[4] > 0.75
+    kept = {"a": 3}
+    clock = StepClock(AdaptiveDraft(8).new(), True, kept=kept.get, left=lambda r: 5 - kept[r])  # a budget of 5
+    clock.pending.append((1, 8, ["a"]))  # (as if dispatched at 8 drafts)
+    clock.result([8])
+    kept["a"] = 5  # the host cut it at its budget: 2 tokens, 1 draft taken
+    clock.settle()
+    assert clock.lengths.reached[1:3] == [1, 0] and clock.lengths.passed[1] == 1
+
+
 def test_a_switch_from_plain_decoding_is_made_where_the_tokens_left_pay_for_it():
     """A host whose step drafts for the next one (``switch=1``): the step that switches from plain decoding runs the
     drafter and gains one token a request (its time measured apart). With 20 tokens left a request the switch pays
@@ -760,7 +791,7 @@ def lagged_waves(p: float, informed: bool | None, n: int, waves: int, skip: int)
     total, left, live = 0.0, {}, []
     with fake_clock() as now:
         table = DraftLengths(AdaptiveDraft(15).new(per_request=True, switch=1 if informed else 0),
-                             left=(lambda: [left[r] - 1 for r in live]) if informed else None)  # (read when asked)
+                             left=(lambda: {r: left[r] - 1 for r in live}) if informed else None)  # (read when asked)
         for w in range(waves):
             rng = random.Random(w)
             left, drafts = {i: 24 if i % 3 else 6 + rng.randint(0, 8) for i in range(n)}, {}

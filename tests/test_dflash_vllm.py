@@ -208,13 +208,17 @@ def test_draft_lengths_answer_vllms_table_and_take_its_steps():
     table.asked[0] = 4  # (as if 4 had been asked)
     table[2]  # 0 asked: this step proposes nothing, its time is not the cost of 4 drafts
     table.done({"a": 4, "b": 1}, {"a": 3}, {"a": 1, "b": 1}, table.verified(), table.steady())
-    assert not table.lengths.time and table.lengths.reached[3] == 1  # acceptance counted, time not
+    assert not table.lengths.time and table.lengths.reached[1:] == [1, 0, 0, 0]  # acceptance counted, time not
     table.asked.extend([4, 4])
     table.done({"a": 4, "b": 1}, {"a": 3}, {"a": 1, "b": 1}, table.verified(), table.steady())
     assert table.lengths.time.keys() == {(2, 4)}  # the choice's cell: measured, not left to be asked forever
     table = DraftLengths(AdaptiveDraft(4).new())
     table.done({"a": 5, "b": 5}, {"a": 4, "b": 4}, {"a": 3, "b": 0})  # "b" ran after its end (async scheduling)
     assert table.lengths.reached[1] == 1 and table.lengths.answer == (3, 1)  # a step past its answer, not a rejection
+    table = DraftLengths(AdaptiveDraft(4).new(), left=lambda: {"a": 2, "b": 9})  # tokens left at the verify
+    table[2], table[2]
+    table.done({"a": 5, "b": 5}, {"a": 4, "b": 4}, {"a": 2, "b": 2})  # "a" kept 2, its budget's end: no rejection
+    assert table.lengths.reached[1:3] == [2, 1] and table.lengths.passed[1:3] == [2, 0]
 
 
 def _patched_in_this_process(out) -> None:

@@ -134,25 +134,26 @@ class DraftLength:
         self.taken: dict[tuple[int, int], int] = {}  # (bucket, k) -> step times observed in all
         self.asked: dict[tuple[int, int], tuple[int, int]] = {}  # (bucket, k) short of samples -> (the bucket's
         # explore_every period, the times it was asked for them in that period)
-        self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that were offered >= i drafts
+        self.reached = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests offered >= i drafts that accepted i - 1
         self.passed = [0.0] * (opts.max_draft + 1)  # [i]: (decayed) requests that accepted >= i drafts
+        self.longest = 0  # the most drafts a request was offered
         self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
         self.s: list[float] | None = None  # survival(), until the counts change
 
     def survival(self) -> list[float]:
-        """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted (s_0 = 1; never
-        above s_{i-1}; the counts start from ``PRIOR``; a length never offered yet: the last measured conditional rate
-        carried on)."""
+        """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted: s_0 = 1, s_i =
+        s_{i-1} times the measured rate of accepting draft i where draft i - 1 was accepted (the counts start from
+        ``PRIOR``, so a draft offered where the one before was never accepted has rate 1; a draft never offered yet:
+        the last rate carried on). So a change in the first drafts' acceptance moves every s_i at once, not only
+        those of the lengths offered since; and every count decays at every step, so the rate of a draft not offered
+        for long returns toward ``PRIOR``'s and its length is chosen or re-measured again."""
         if self.s is not None:
             return self.s
         s, rate = [1.0], 1.0
         for i in range(1, self.opts.max_draft + 1):
-            if self.reached[i] > 0:
-                si = min((self.passed[i] + PRIOR) / (self.reached[i] + PRIOR), s[-1])
-                rate = si / s[-1] if s[-1] > 0 else 0.0
-            else:
-                si = s[-1] * rate
-            s.append(si)
+            if i <= self.longest:
+                rate = (self.passed[i] + PRIOR) / (self.reached[i] + PRIOR)
+            s.append(s[-1] * rate)
         self.s = s
         return s
 
@@ -297,20 +298,27 @@ class DraftLength:
         alpha = mt - beta * mm
         return alpha / beta if alpha > 0 and beta > 0 else 0.0
 
-    def count(self, k: int, accepted: Sequence[int], ended: int | None = None, kept: int | None = None) -> None:
+    def count(self, k: int, accepted: Sequence[int], ended: int | None = None, kept: int | None = None,
+              offered: Sequence[int] | None = None) -> None:
         """The drafts each request accepted in a step that verified ``k`` drafts each (a host that learns a step's
         time and its acceptance apart); ``ended``: the step's requests that had ended before it ran, ``kept``: the
         tokens the others kept (default: their accepted drafts + 1 each), given by a host that knows them for every
-        step, k = 0 included: the answers' length is then measured."""
+        step, k = 0 included: the answers' length is then measured. ``offered``: the drafts each of those requests
+        could keep (default k each; fewer where its drafts were cut or its token budget ends sooner: a draft past
+        that is not a rejection)."""
         d = self.opts.accept_decay
         if ended is not None:
             kept = sum(a + 1 for a in accepted) if kept is None else kept
             self.answer = (d * self.answer[0] + kept, d * self.answer[1] + ended)
         if k and accepted:
-            self.s = None
-            for i in range(1, k + 1):
-                self.reached[i] = d * self.reached[i] + len(accepted)
-                self.passed[i] = d * self.passed[i] + sum(a >= i for a in accepted)
+            self.s, offered = None, [k] * len(accepted) if offered is None else offered
+            self.longest = max(self.longest, *offered)
+            risk, took = Counter(min(o, a + 1) for a, o in zip(accepted, offered)), Counter(accepted)
+            n_risk, n_took = 0, 0  # requests offered draft i that accepted draft i - 1, that accepted draft i
+            for i in range(self.opts.max_draft, 0, -1):  # every rate decays (one not measured now: its counts fade)
+                n_risk, n_took = n_risk + risk.get(i, 0), n_took + took.get(i, 0)
+                self.reached[i] = d * self.reached[i] + n_risk
+                self.passed[i] = d * self.passed[i] + n_took
 
 
 class StepClock:
@@ -331,24 +339,27 @@ class StepClock:
         self.left = left  # a request's tokens left to emit (``DraftLength.rates``), read from the host's handle
         self.pending: deque[tuple | None] = deque(maxlen=16)  # dispatched: (batch, k, requests); None: a prefill
         self.since: list[tuple | None] = []  # dispatched since the previous result
-        self.unsettled: tuple[int, Sequence, list[int]] | None = None  # (k, requests, kept lengths before) of a result
+        self.unsettled: tuple | None = None  # (k, requests, kept lengths before, tokens left) of a result
 
     def done(self, scheduled: Mapping[Hashable, int], drafts: Mapping[Hashable, int],
-             emitted: Mapping[Hashable, int], k: int | None = None, timed: bool = True) -> None:
+             emitted: Mapping[Hashable, int], k: int | None = None, timed: bool = True,
+             left: Mapping[Hashable, int] | None = None) -> None:
         """A step ended: ``scheduled`` tokens per request, ``drafts`` verified per request, ``emitted`` tokens per
         request, ``k`` the draft count chosen for it (default: the most verified; a drafter may offer fewer than it
         was asked for, and the step then counts as the choice's, or that choice would stay unmeasured). A
         decode-only step (every request runs its drafts + 1) reports its batch, draft count, time and the drafts each
         request accepted (``timed=False``: its acceptance only - a host whose step also drafts for the next one with
-        another count); a step with a prefill only restarts the clock."""
+        another count); a step with a prefill only restarts the clock. ``left``: tokens left to emit per request at
+        the step (drafts past that are not rejections)."""
         seconds = self.restart()
         k = max(drafts.values(), default=0) if k is None else k
         if scheduled and all(n == 1 + drafts.get(r, 0) for r, n in scheduled.items()):
             live = {r for r in scheduled if emitted.get(r, 0) > 0}  # (none emitted: scheduled after its end, async)
             if timed:
                 self.lengths.observe(len(scheduled), k, seconds)
-            self.lengths.count(k, [emitted[r] - 1 for r in drafts if r in live], len(scheduled) - len(live),
-                               sum(emitted[r] for r in live))
+            left, ran = left or {}, [r for r in drafts if r in live]
+            self.lengths.count(k, [emitted[r] - 1 for r in ran], len(scheduled) - len(live),
+                               sum(emitted[r] for r in live), [min(drafts[r], left.get(r, 1 << 30) - 1) for r in ran])
 
     def dispatched(self, batch: int, requests: Sequence = ()) -> int:
         """A step goes to the device: ``batch`` requests decoding (0: a step with a prefill; ``requests``: the host's
@@ -374,7 +385,8 @@ class StepClock:
             self.lengths.count(step[1], accepted)
         else:
             self.settle()
-            self.unsettled = step[1], step[2], [self.kept(r) for r in step[2]]
+            left = [self.left(r) for r in step[2]] if self.left is not None else None  # (its budget at the step)
+            self.unsettled = step[1], step[2], [self.kept(r) for r in step[2]], left
         if not self.synchronous:
             ran = None if prefill else step
         if ran is not None:
@@ -382,11 +394,12 @@ class StepClock:
 
     def settle(self) -> None:
         """Count the previous result's acceptance as the tokens its requests kept (a request that kept none had ended
-        before the step ran)."""
+        before the step ran; one whose token budget left room for fewer than k drafts was offered those)."""
         if self.unsettled is not None:
-            k, requests, before = self.unsettled
+            k, requests, before, left = self.unsettled
             gains = [self.kept(r) - b for r, b in zip(requests, before)]
-            self.lengths.count(k, [g - 1 for g in gains if g > 0], sum(g <= 0 for g in gains))
+            offered = [min(k, n - 1) for g, n in zip(gains, left) if g > 0] if left is not None else None
+            self.lengths.count(k, [g - 1 for g in gains if g > 0], sum(g <= 0 for g in gains), offered=offered)
             self.unsettled = None
 
     def restart(self) -> float:
@@ -402,13 +415,15 @@ class DraftLengths(StepClock):
     comes back (1; 2 under async scheduling, which schedules the next step first), and proposes with its own: its
     time is the cost of one count only where the counts in between are that count (``steady``)."""
 
-    def __init__(self, lengths, lag: int = 1, left: Callable[[], Sequence[int]] | None = None):
+    def __init__(self, lengths, lag: int = 1, left: Callable[[], Mapping[Hashable, int]] | None = None):
         super().__init__(lengths)
         self.asked: deque[int] = deque(maxlen=lag + 1)
-        self.left_now = left  # the scheduled requests' tokens left to emit at the step verifying this schedule's drafts
+        self.lefts: deque[Mapping] = deque(maxlen=lag + 1)  # (the left of each schedule in asked)
+        self.left_now = left  # request -> tokens left to emit at the step verifying this schedule's drafts
 
     def __getitem__(self, batch: int) -> int:
-        self.asked.append(self.lengths.choose(batch, self.left_now() if self.left_now is not None else None))
+        self.lefts.append(self.left_now() if self.left_now is not None else {})
+        self.asked.append(self.lengths.choose(batch, list(self.lefts[-1].values()) or None))
         return self.asked[-1]
 
     def done(self, scheduled, drafts, emitted, k: int | None = None, timed: bool = True) -> None:
@@ -418,7 +433,8 @@ class DraftLengths(StepClock):
         if not timed and new and before and not any(before) and scheduled and all(n == 1 for n in scheduled.values()):
             self.lengths.observe(len(scheduled), new, self.restart(), switch=True)
         else:
-            super().done(scheduled, drafts, emitted, k, timed)
+            super().done(scheduled, drafts, emitted, k, timed, self.lefts[0] if len(self.lefts) == self.lefts.maxlen
+                         else None)
 
     def verified(self) -> int | None:
         """The count chosen for the drafts the step just ended verified (None: not known yet)."""

@@ -26,7 +26,7 @@ class AdaptiveDrafts:
             policy = AdaptiveDraft.of(self.num_spec_tokens, opts, f"--additional-config {KEY}")
             self.dynamic_sd_lookup = DraftLengths(  # (a step drafts for the next: a switch from plain costs one)
                 policy.new(per_request=cpu, switch=1), lag=2 if isinstance(self, AsyncScheduler) else 1,
-                left=lambda: [r.max_tokens - r.num_output_tokens - 1 for r in self.running])
+                left=lambda: {r.request_id: r.max_tokens - r.num_output_tokens - 1 for r in self.running})
             patch_runner()  # the worker of a single-process executor lives here (a worker process: ``register``)
 
     def update_from_output(self, scheduler_output, model_runner_output):
