@@ -7,8 +7,9 @@ its own, all up at once and kept for a session's rounds): plain decoding, DFlash
 (``models/tokenswift-qwen3-tasks``, a chain of 7 drafts) fixed and adaptive, ``adaptive-held-0`` and
 ``tokenswift-held-0`` (the adaptive engines held at k = 0 by ``--additional-config adaptive_draft``: a speculative
 engine's own cost), ``plain-sync`` (plain decoding without async scheduling, which vLLM 0.32 gives no
-``custom_class`` proposer) and ``plain-b`` (a second plain engine: the A/A control, whose ratio to ``plain`` shows
-the driver's own resolution).
+``custom_class`` proposer), ``adaptive-async`` (the adaptive DFlash engine on vLLM's async scheduling,
+``AsyncAdaptiveDraftScheduler``) and ``plain-b`` (a second plain engine: the A/A control, whose ratio to ``plain``
+shows the driver's own resolution).
 
 How it times (made to resolve a few per cent on a shared 2-core CPU):
 - every engine runs ``--threads`` torch / OpenMP threads (1 by default) pinned to the CPUs of ``--cpus`` (the last
@@ -62,7 +63,7 @@ ROOT = HERE.parents[1]
 TARGET, DRAFTER = ROOT / "models" / "qwen3-tasks", ROOT / "models" / "dflash-qwen3-tasks"
 HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
 MODES = ("plain", "plain-b", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync",
-         "adaptive-held-0", "tokenswift-held-0")
+         "adaptive-held-0", "tokenswift-held-0", "adaptive-async")
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
 # glibc's malloc keeping what it frees (no mmap / munmap of a step's tensors, no page faults: vLLM asks for tcmalloc
 # on a CPU for the same reason); without it a pass spent 7 % of its time in the kernel and varied twice as much
@@ -82,7 +83,7 @@ def engine_kwargs(mode: str, max_seqs: int) -> dict:
     """``vllm.LLM``'s arguments for one mode."""
     kw = dict(model=str(TARGET), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
               max_num_seqs=max_seqs)
-    if mode in ("dflash", "adaptive", "adaptive-held-0"):
+    if mode in ("dflash", "adaptive", "adaptive-held-0", "adaptive-async"):
         kw["speculative_config"] = {"method": "dflash", "model": str(DRAFTER), "num_speculative_tokens": 15}
     elif not mode.startswith("plain"):  # TokenSwift: a chain of 7 drafts per request (8 tokens a verify: SGLang's tree)
         kw["speculative_config"] = {"method": "custom_class", "num_speculative_tokens": 7,
@@ -90,6 +91,8 @@ def engine_kwargs(mode: str, max_seqs: int) -> dict:
         kw["additional_config"] = {"tokenswift": {"heads": str(HEADS)}}
     if mode.endswith(("adaptive", "held-0")):
         kw["scheduler_cls"] = ADAPTIVE
+    if mode == "adaptive-async":  # the adaptive DFlash engine with vLLM's async scheduling
+        kw["scheduler_cls"] = ADAPTIVE.replace(".Adaptive", ".AsyncAdaptive")
     if mode.endswith("held-0"):  # the adaptive engine held at k = 0: what the speculative engine costs without drafts
         kw.setdefault("additional_config", {})["adaptive_draft"] = {"candidates": [0]}
     if mode == "plain-sync":  # plain decoding without async scheduling (vLLM 0.32 gives none to a custom proposer)
