@@ -313,7 +313,8 @@ class DraftLength:
         if k and accepted:
             self.s, offered = None, [k] * len(accepted) if offered is None else offered
             self.longest = max(self.longest, *offered)
-            risk, took = Counter(min(o, a + 1) for a, o in zip(accepted, offered)), Counter(accepted)
+            risk = Counter(min(o, a + 1) for a, o in zip(accepted, offered))
+            took = Counter(min(a, o) for a, o in zip(accepted, offered))  # (a budget read late: never above offered)
             n_risk, n_took = 0, 0  # requests offered draft i that accepted draft i - 1, that accepted draft i
             for i in range(self.opts.max_draft, 0, -1):  # every rate decays (one not measured now: its counts fade)
                 n_risk, n_took = n_risk + risk.get(i, 0), n_took + took.get(i, 0)
