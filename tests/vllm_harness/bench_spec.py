@@ -65,6 +65,7 @@ HEADS = ROOT / "models" / "tokenswift-qwen3-tasks"
 MODES = ("plain", "plain-b", "dflash", "adaptive", "tokenswift", "tokenswift-adaptive", "plain-sync",
          "adaptive-held-0", "tokenswift-held-0", "adaptive-async")
 ADAPTIVE = "integrations.vllm.spec.AdaptiveDraftScheduler"
+ADAPTIVE_ASYNC = "integrations.vllm.spec.AsyncAdaptiveDraftScheduler"
 # glibc's malloc keeping what it frees (no mmap / munmap of a step's tensors, no page faults: vLLM asks for tcmalloc
 # on a CPU for the same reason); without it a pass spent 7 % of its time in the kernel and varied twice as much
 MALLOC = "glibc.malloc.mmap_threshold=1073741824:glibc.malloc.trim_threshold=4294967296:glibc.malloc.top_pad=268435456"
@@ -92,7 +93,7 @@ def engine_kwargs(mode: str, max_seqs: int) -> dict:
     if mode.endswith(("adaptive", "held-0")):
         kw["scheduler_cls"] = ADAPTIVE
     if mode == "adaptive-async":  # the adaptive DFlash engine with vLLM's async scheduling
-        kw["scheduler_cls"] = ADAPTIVE.replace(".Adaptive", ".AsyncAdaptive")
+        kw["scheduler_cls"] = ADAPTIVE_ASYNC
     if mode.endswith("held-0"):  # the adaptive engine held at k = 0: what the speculative engine costs without drafts
         kw.setdefault("additional_config", {})["adaptive_draft"] = {"candidates": [0]}
     if mode == "plain-sync":  # plain decoding without async scheduling (vLLM 0.32 gives none to a custom proposer)
