@@ -53,6 +53,7 @@ PATIENCE = 2 * SAMPLES + 2  # steps a re-measured or unmeasured length is asked 
 # late, or never in some bucket: ``DraftLength.ask``)
 EARLY = 16  # while speculating, plain decoding is re-measured at a bucket's step 16, 32, 64, ... (its first samples
 # may have come from a slow spell: too slow, it would not be chosen, so not measured again until explore_every)
+REFIT = 0.02  # a bucket's fixed part is taken anew (its lengths' times scaled again) when it moves by more than this
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
 
@@ -272,11 +273,15 @@ class DraftLength:
         key = (b := bucket(batch), -k if switch else k)
         self.samples.setdefault(key, deque(maxlen=self.opts.time_window)).append((batch, seconds))
         self.taken[key] = self.taken.get(key, 0) + 1
-        before = self.fixed.get(b, 0.0)
+        moved = []  # buckets whose fixed part moved: every length of theirs timed again
         if self.per_request and key[1] == 0:
-            self.fixed[b] = self.fixed_part(b)
-        for other in [kk for kk in self.samples if kk[0] == b] if self.fixed.get(b, 0.0) != before else [key]:
-            self.time[other] = self.window_time(other)  # (a new fixed part: every length of the bucket again)
+            for nb in {max(b // 2, 1), b, 2 * b}:  # (the fits that hold bucket b's plain steps)
+                f, before = self.fixed_part(nb), self.fixed.get(nb, 0.0)
+                if abs(f - before) > REFIT * (before + 1.0):
+                    self.fixed[nb] = f
+                    moved.append(nb)
+        for other in [kk for kk in self.samples if kk[0] in moved] + [key]:
+            self.time[other] = self.window_time(other)
         self.count(k, accepted)
 
     def window_time(self, key: tuple[int, int]) -> float:
@@ -288,11 +293,17 @@ class DraftLength:
 
     def fixed_part(self, b: int) -> float:
         """The fixed part of a step in bucket ``b``, in requests' worth: f = alpha / beta of T = alpha + beta m fitted
-        to the bucket's plain steps (0, proportional, until two batch sizes are timed or where the fit is not
-        positive)."""
-        pts = self.samples.get((b, 0), ())
-        if len({m for m, _ in pts}) < 2:
+        to the plain steps of bucket b and its two neighbours (batches b / 2 to 4 b - 1), one point per batch size:
+        its steps' median time (0, proportional, until two batch sizes are timed or where the fit is not positive).
+        Fitted over the bucket alone (batches b to 2 b - 1, each step a point), a few steps slowed by what else a
+        step after a wave's ends does moved f from 0 to hundreds, plain decoding's time with it by 30 %."""
+        times: dict[int, list[float]] = {}
+        for nb in (b // 2, b, 2 * b):
+            for m, t in self.samples.get((nb, 0), ()):
+                times.setdefault(m, []).append(t)
+        if len(times) < 2:
             return 0.0
+        pts = [(m, sorted(ts)[len(ts) // 2]) for m, ts in times.items()]
         mm, mt = sum(m for m, _ in pts) / len(pts), sum(t for _, t in pts) / len(pts)
         beta = sum((m - mm) * (t - mt) for m, t in pts) / sum((m - mm) ** 2 for m, _ in pts)
         alpha = mt - beta * mm
