@@ -439,10 +439,11 @@ class DraftLengths(StepClock):
         return self.asked[-1]
 
     def done(self, scheduled, drafts, emitted, k: int | None = None, timed: bool = True) -> None:
-        """``StepClock.done``; a step that verified no draft and drafted for the next after plain decoding (a
-        switch) is timed as one (``DraftLength.rates``)."""
-        *before, new = self.asked or [0]
-        if not timed and new and before and not any(before) and scheduled and all(n == 1 for n in scheduled.values()):
+        """``StepClock.done``; a step that verified no draft and drafted for the next (a switch from plain decoding,
+        or the first decode step of requests that came with no drafts) is timed as a switch (``DraftLength.rates``),
+        not as a step of the count its drafts were asked with."""
+        new = self.asked[-1] if self.asked else 0
+        if new and scheduled and all(n == 1 for n in scheduled.values()):
             self.lengths.observe(len(scheduled), new, self.restart(), switch=True)
         else:
             super().done(scheduled, drafts, emitted, k, timed, self.lefts[0] if len(self.lefts) == self.lefts.maxlen
