@@ -114,6 +114,11 @@ class AdaptiveDraft:
         return DraftLength(self, per_request, switch)
 
 
+def neighbours(b: int) -> tuple[int, int, int]:
+    """Bucket ``b`` and the buckets either side of it (b / 2: 0 for bucket 1, which holds nothing)."""
+    return b // 2, b, 2 * b
+
+
 def bucket(batch: int) -> int:
     """The batch-size bucket of ``batch`` requests: the largest power of two <= batch."""
     return 1 << (max(batch, 1).bit_length() - 1)
@@ -275,12 +280,12 @@ class DraftLength:
         self.taken[key] = self.taken.get(key, 0) + 1
         moved = []  # buckets whose fixed part moved: every length of theirs timed again
         if self.per_request and key[1] == 0:
-            for nb in {max(b // 2, 1), b, 2 * b}:  # (the fits that hold bucket b's plain steps)
+            for nb in neighbours(b):  # (the fits that hold bucket b's plain steps)
                 f, before = self.fixed_part(nb), self.fixed.get(nb, 0.0)
                 if abs(f - before) > REFIT * (before + 1.0):
                     self.fixed[nb] = f
                     moved.append(nb)
-        for other in [kk for kk in self.samples if kk[0] in moved] + [key]:
+        for other in [kk for kk in self.samples if kk[0] in moved or kk == key]:
             self.time[other] = self.window_time(other)
         self.count(k, accepted)
 
@@ -298,7 +303,7 @@ class DraftLength:
         Fitted over the bucket alone (batches b to 2 b - 1, each step a point), a few steps slowed by what else a
         step after a wave's ends does moved f from 0 to hundreds, plain decoding's time with it by 30 %."""
         times: dict[int, list[float]] = {}
-        for nb in (b // 2, b, 2 * b):
+        for nb in neighbours(b):
             for m, t in self.samples.get((nb, 0), ()):
                 times.setdefault(m, []).append(t)
         if len(times) < 2:
