@@ -780,6 +780,24 @@ def test_a_switch_from_plain_decoding_is_made_where_the_tokens_left_pay_for_it()
     assert abs(lengths.expected_tokens(4, None, {2: 8}) - 2.0) < 0.05
 
 
+def test_a_switch_at_a_waves_end_is_rated_with_what_it_costs_and_the_tokens_left():
+    """19 requests with 6 tokens left each, plain decoding and 1, 2, 4 drafts measured, every draft accepted: a switch
+    of a length not timed as a switch costs what the bucket's measured switch costs (25 ms: the drafter's held context
+    written), not a plain step's 7 ms (so 4 drafts rated 207 tokens/s, and chosen, where they give 128 against plain
+    decoding's 143); and an unmeasured length (8) is predicted over the tokens left (6 tokens, not 9 a step), so it
+    is not asked for its step times at the wave's end."""
+    policy = AdaptiveDraft(8).new(switch=1)
+    policy.count(4, [4] * 32)
+    for _ in range(2):
+        for k, t in ((0, 0.007), (1, 0.010), (2, 0.013), (4, 0.022)):
+            policy.observe(19, k, t)
+        policy.observe(19, 2, 0.025, switch=True)
+    rates = policy.rates(19, [6] * 19)
+    assert rates[4] == pytest.approx(6 / (0.025 + 0.022)) and rates[0] == pytest.approx(1 / 0.007)
+    assert max(rates, key=rates.get) == 0
+    assert policy.choose(19, [6] * 19) == 0
+
+
 def test_a_step_that_verified_no_draft_is_timed_as_a_switch():
     """vLLM's table keeps the counts of its last schedules across waves: a new wave's first decode step, whose
     requests came with no drafts, is asked 4 after the last wave's 4 and verifies none while it drafts 4 for the next.
@@ -927,7 +945,7 @@ def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     after a take."""
     from dllm_core.drafters.deferred import DeferredContext
 
-    d = DeferredContext(limit=5)
+    d = DeferredContext(limit=5 * 4)  # (bytes: 5 rows of one float32)
     step = lambda base, rids: (torch.arange(base, base + len(rids), dtype=torch.float)[:, None],  # noqa: E731
                                torch.arange(len(rids)) + 10 * base, torch.arange(len(rids)) + 100 * base,
                                torch.arange(len(rids)) + base, rids)
@@ -937,7 +955,7 @@ def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     hidden, slots, locs, pos, rows = d.take({"b": 0, "a": 1})  # "c" left the batch
     assert hidden[:, 0].tolist() == [1.0, 2.0, 3.0, 5.0] and rows.tolist() == [1, 0, 0, 1]
     assert slots.tolist() == [10, 11, 30, 32] and locs.tolist() == [100, 101, 300, 302] and pos.tolist() == [1, 2, 3, 5]
-    assert d.take({"a": 0}) is None and d.rows == 0
+    assert d.take({"a": 0}) is None and d.rows == d.bytes == 0
     # a host that writes every row (vLLM: one block table, a freed slot may be given to another request meanwhile):
     # the newest row of each drafter slot, in no batch
     d.add(*step(1, ["a", "b"]))
@@ -953,3 +971,12 @@ def test_deferred_context_hands_back_the_rows_of_requests_still_in_the_batch():
     written = []
     d.write(lambda *rows: written.append(rows), alive=set())
     assert not written and d.rows == 0 and d.take() is None
+    # at the limit with the running requests named, the finished ones' rows are dropped first; the rest is written
+    # only where it still reaches half the limit (a wave's prompts are not written because the last wave's are held)
+    d = DeferredContext(limit=6 * 4)
+    assert not d.add(*step(1, ["a", "b", "c"])) and not d.add(*step(4, ["a", "b", "c"]), alive={"c"})
+    assert d.rows == 2 and d.bytes == 8
+    assert not d.add(*step(7, ["c", "d"]), alive={"c", "d"})  # 4 rows: below the limit
+    assert d.add(*step(9, ["c", "d"]), alive={"c", "d"}) and d.rows == 6  # 6 rows, all running: write
+    hidden, _, _, _, rows = d.take({"c": 0, "d": 1})
+    assert hidden[:, 0].tolist() == [3.0, 6.0, 7.0, 8.0, 9.0, 10.0] and rows.tolist() == [0, 0, 0, 1, 0, 1]

@@ -39,7 +39,7 @@ options (frozen, validated).
 """
 from __future__ import annotations
 
-import math
+import itertools
 import time
 from collections import Counter, deque
 from dataclasses import dataclass, fields
@@ -53,6 +53,7 @@ PATIENCE = 2 * SAMPLES + 2  # steps a re-measured or unmeasured length is asked 
 # late, or never in some bucket: ``DraftLength.ask``)
 EARLY = 16  # while speculating, plain decoding is re-measured at a bucket's step 16, 32, 64, ... (its first samples
 # may have come from a slow spell: too slow, it would not be chosen, so not measured again until explore_every)
+REFIT_EVERY = 4  # past its first windows, a bucket's plain steps refit the fixed parts every this many (30 us each)
 REFIT = 0.02  # a bucket's fixed part is taken anew (its lengths' times scaled again) when it moves by more than this
 PRIOR = 1.0  # acceptance counts start as if one request had accepted every draft (a first rejection is not all)
 
@@ -145,6 +146,7 @@ class DraftLength:
         self.longest = 0  # the most drafts a request was offered
         self.answer = (0.0, 0.0)  # (decayed) (tokens kept, steps run after a request's end): tokens per answer L
         self.s: list[float] | None = None  # survival(), until the counts change
+        self.cs: list[float] | None = None  # cumulative(), the same
 
     def survival(self) -> list[float]:
         """s_i, i = 0..max_draft: the measured probability that the first i drafts are all accepted: s_0 = 1, s_i =
@@ -168,12 +170,28 @@ class DraftLength:
         per number of tokens left to emit (>= 1), their mean E(min(k, left - 1))) times the share of a request's steps
         that run while it lives, L / (L + E(k)) for answers of L tokens where a request runs one step after its end (a
         host that dispatches a step before the previous result: ``count``'s ``ended``)."""
-        s = self.survival() if s is None else s
+        cs = self.cumulative() if s is None else list(itertools.accumulate(s))  # [i]: E(i)
         if left:
-            e = sum(c * sum(s[:min(k, n - 1) + 1]) for n, c in left.items()) / sum(left.values())
+            e = sum(c * cs[min(k, n - 1)] for n, c in left.items()) / sum(left.values())
         else:
-            e = sum(s[:k + 1])
+            e = cs[k]
         return e if not self.answer[1] else e * self.answer[0] / (self.answer[0] + e * self.answer[1])
+
+    def cumulative(self) -> list[float]:
+        """E(i) = s_0 + ... + s_i, i = 0..max_draft (``survival``'s, until the counts change)."""
+        if self.cs is None:
+            self.cs = list(itertools.accumulate(self.survival()))
+        return self.cs
+
+    def spell(self, left: Sequence[int] | None) -> tuple[Counter | None, float]:
+        """``left`` as ``rates`` reads it: (requests per tokens left, capped at max_draft + 1; the mean tokens left
+        where a switch from plain decoding is rated as the spell it starts, else 0)."""
+        if not left:
+            return None, 0.0
+        need, cap = Counter(), self.opts.max_draft + 1
+        for n, c in Counter(left).items():  # left -> requests
+            need[min(max(n, 1), cap)] += c
+        return need, (sum(left) / len(left) if self.switch and not self.last else 0.0)
 
     def rates(self, batch: int, left: Sequence[int] | None = None) -> dict[int, float]:
         """Measured tokens per second per request for each candidate k in ``batch``'s bucket (unmeasured: absent).
@@ -181,18 +199,23 @@ class DraftLength:
         more). A switch from plain decoding on a host whose drafter runs for the next step (``switch`` S = 1: the
         step that switches runs a plain verify and the drafter, its time measured as the key (bucket, -k)) gains S
         tokens in S such steps before n = (h - S) / E(k) >= 1 steps at k, h = mean(left): the rate of the spell, so a
-        wave's last requests, with a few tokens left, do not switch."""
-        b, s, out, sw = bucket(batch), self.survival(), {}, self.switch if left and not self.last else 0
-        need = Counter(min(max(n, 1), self.opts.max_draft + 1) for n in left) if left else None  # left -> requests
-        h = sum(left) / len(left) if sw else 0.0
-        for k in self.opts.candidates:
-            if (b, k) in self.time:
-                e, t = self.expected_tokens(k, s, need), self.time[b, k]
-                out[k] = e / t
-                if k and sw:
-                    ts, n = self.time.get((b, -k), self.time.get((b, 0), t)), max((h - sw) / e, 1.0)  # (ts unmeasured:
-                    out[k] = (sw + n * e) / (sw * ts + n * t)  # plain's)
-        return out
+        wave's last requests, with a few tokens left, do not switch (``rate``)."""
+        b, (need, h) = bucket(batch), self.spell(left)
+        return {k: self.rate(b, k, self.time[b, k], need, h) for k in self.opts.candidates if (b, k) in self.time}
+
+    def rate(self, b: int, k: int, t: float, need: Counter | None, h: float) -> float:
+        """Tokens per second per request of k drafts in bucket ``b`` at step time t (``spell``'s need and h: with h,
+        a switch from plain decoding is rated over the spell it starts; its step's time unmeasured for k: the
+        bucket's switch measured for the nearest length, else plain decoding's)."""
+        e = self.expected_tokens(k, None, need)
+        if not k or not h:
+            return e / max(t, 1e-12)
+        ts = self.time.get((b, -k))
+        if ts is None:
+            near = sorted((abs(j + k), tj) for (bb, j), tj in self.time.items() if bb == b and j < 0)
+            ts = near[0][1] if near else self.time.get((b, 0), t)
+        n = max((h - self.switch) / e, 1.0)
+        return (self.switch + n * e) / (self.switch * ts + n * t)
 
     def step_time(self, b: int, k: int) -> float | None:
         """Bucket ``b``'s time for k drafts: measured, or interpolated linearly in k from its two measured draft
@@ -205,18 +228,18 @@ class DraftLength:
         (_, k1, t1), (_, k2, t2) = near
         return t2 + (t2 - t1) / (k2 - k1) * (k - k2)
 
-    def predicted(self, b: int, k: int) -> float:
-        """An unmeasured length's rate in bucket ``b``: E(k) over its ``step_time``, or else, with plain decoding
-        measured in ``b``, over plain's time scaled as in the nearest bucket that has both (a cold bucket need not
-        measure what its neighbour found losing). Plain decoding's time is never predicted (it has no drafter
-        forward); inf: to be measured."""
+    def predicted(self, b: int, k: int, need: Counter | None = None, h: float = 0.0) -> float:
+        """An unmeasured length's rate in bucket ``b`` (``rate``, with ``spell``'s need and h): over its
+        ``step_time``, or else, with plain decoding measured in ``b``, over plain's time scaled as in the nearest
+        bucket that has both (a cold bucket need not measure what its neighbour found losing). Plain decoding's time
+        is never predicted (it has no drafter forward); inf: to be measured."""
         t = self.step_time(b, k) if k else None
         if t is None and k and (b, 0) in self.time:
             for _, nb in sorted((abs(nb.bit_length() - b.bit_length()), nb) for (nb, j) in self.time if j == 0):
                 if nb != b and (tn := self.step_time(nb, k)) is not None:
                     t = self.time[b, 0] * tn / self.time[nb, 0]
                     break
-        return float("inf") if t is None else self.expected_tokens(k) / max(t, 1e-12)
+        return float("inf") if t is None else self.rate(b, k, t, need, h)
 
     def choose(self, batch: int, left: Sequence[int] | None = None) -> int:
         """The draft length for a step of ``batch`` requests (``left``: each one's tokens left to emit, see rates)."""
@@ -231,10 +254,11 @@ class DraftLength:
             if self.taken.get((b, k), 0) < want and asks:
                 self.probing[b] = (k, asks - 1, want)
                 return k
-        rates = self.rates(batch, left)
+        need, h = self.spell(left)
+        rates = {k: self.rate(b, k, self.time[b, k], need, h) for k in ks if (b, k) in self.time}
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
             short = len(self.samples.get((b, k), ())) < SAMPLES
-            if short and (k in rates or self.predicted(b, k) >= PROBE * max(rates.values(), default=0.0)) \
+            if short and (k in rates or self.predicted(b, k, need, h) >= PROBE * max(rates.values(), default=0.0)) \
                     and self.ask(b, k, n):
                 return k
         if not rates:  # nothing measured in the bucket, nothing left to ask: plain decoding (held at k = 0: always)
@@ -279,7 +303,8 @@ class DraftLength:
         self.samples.setdefault(key, deque(maxlen=self.opts.time_window)).append((batch, seconds))
         self.taken[key] = self.taken.get(key, 0) + 1
         moved = []  # buckets whose fixed part moved: every length of theirs timed again
-        if self.per_request and key[1] == 0:
+        if self.per_request and key[1] == 0 and (self.taken[key] <= 2 * self.opts.time_window
+                                                  or self.taken[key] % REFIT_EVERY == 0):
             for nb in neighbours(b):  # (the fits that hold bucket b's plain steps)
                 f, before = self.fixed_part(nb), self.fixed.get(nb, 0.0)
                 if abs(f - before) > REFIT * (before + 1.0):
@@ -327,7 +352,7 @@ class DraftLength:
             kept = sum(a + 1 for a in accepted) if kept is None else kept
             self.answer = (d * self.answer[0] + kept, d * self.answer[1] + ended)
         if k and accepted:
-            self.s, offered = None, [k] * len(accepted) if offered is None else offered
+            self.s, self.cs, offered = None, None, [k] * len(accepted) if offered is None else offered
             self.longest = max(self.longest, *offered)
             risk = Counter(min(o, a + 1) for a, o in zip(accepted, offered))
             took = Counter(min(a, o) for a, o in zip(accepted, offered))  # (a budget read late: never above offered)

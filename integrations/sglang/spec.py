@@ -180,8 +180,8 @@ def adaptive_worker(result, algorithm, server_args, *args, **kwargs):
                                  capture_hidden_mode=CaptureHiddenMode.FULL, return_kv_loc_plan=True)
             plan, out.kv_loc_plan = out.kv_loc_plan, None
             hidden, out.logits_output.hidden_states = out.logits_output.hidden_states, None
-            if self.dllm_deferred.add(hidden.clone(), slots, self._draft_write_ids(plan), positions,
-                                      [r.rid for r in batch.reqs]):
+            rids = [r.rid for r in batch.reqs]  # (at the limit, the rows of requests no longer in the batch dropped)
+            if self.dllm_deferred.add(hidden.clone(), slots, self._draft_write_ids(plan), positions, rids, set(rids)):
                 self.catch_up(batch)
             tokens, new_lens = out.next_token_ids, batch.seq_lens + 1
             if on_publish is not None:

@@ -104,7 +104,7 @@ def patch_proposers() -> None:
             pos = self._get_positions(n).clone()
             rows = torch.cat([h[:n] for h in aux], -1) if self.use_aux_hidden_state_outputs else hidden[:n].clone()
             slots = (sm[name] if isinstance(sm, dict) else torch.cat([u[name] for u in sm]))[:n].clone()  # [n]
-            if held.add(rows, slots, slots, pos, [r for r in ids for _ in range(out.num_scheduled_tokens[r])]):
+            if held.add(rows, slots, slots, pos, [r for r in ids for _ in range(out.num_scheduled_tokens[r])], alive):
                 held.write(append, alive)
             return [[] for _ in ids]  # (a list: no device copy of an empty draft)
         return _propose
