@@ -783,8 +783,8 @@ def test_a_switch_from_plain_decoding_is_made_where_the_tokens_left_pay_for_it()
 def test_a_switch_at_a_waves_end_is_rated_with_what_it_costs_and_the_tokens_left():
     """19 requests with 6 tokens left each, plain decoding and 1, 2, 4 drafts measured, every draft accepted: a switch
     of a length not timed as a switch costs what the bucket's measured switch costs (25 ms: the drafter's held context
-    written), not a plain step's 7 ms (so 4 drafts rated 207 tokens/s, and chosen, where they give 128 against plain
-    decoding's 143); and an unmeasured length (8) is predicted over the tokens left (6 tokens, not 9 a step), so it
+    written), not a plain step's 7 ms (which rated 4 drafts at 207 tokens/s, and chose them, where they give 128
+    against plain decoding's 143); and an unmeasured length (8) is predicted over the tokens left (6 tokens, not 9 a step), so it
     is not asked for its step times at the wave's end."""
     policy = AdaptiveDraft(8).new(switch=1)
     policy.count(4, [4] * 32)

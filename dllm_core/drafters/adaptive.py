@@ -200,7 +200,10 @@ class DraftLength:
         step that switches runs a plain verify and the drafter, its time measured as the key (bucket, -k)) gains S
         tokens in S such steps before n = (h - S) / E(k) >= 1 steps at k, h = mean(left): the rate of the spell, so a
         wave's last requests, with a few tokens left, do not switch (``rate``)."""
-        b, (need, h) = bucket(batch), self.spell(left)
+        return self.rated(bucket(batch), *self.spell(left))
+
+    def rated(self, b: int, need: Counter | None, h: float) -> dict[int, float]:
+        """``rates`` of bucket ``b`` with ``spell``'s need and h."""
         return {k: self.rate(b, k, self.time[b, k], need, h) for k in self.opts.candidates if (b, k) in self.time}
 
     def rate(self, b: int, k: int, t: float, need: Counter | None, h: float) -> float:
@@ -255,7 +258,7 @@ class DraftLength:
                 self.probing[b] = (k, asks - 1, want)
                 return k
         need, h = self.spell(left)
-        rates = {k: self.rate(b, k, self.time[b, k], need, h) for k in ks if (b, k) in self.time}
+        rates = self.rated(b, need, h)
         for k in ks:  # shortest first; a longer one only while its predicted rate may compete
             short = len(self.samples.get((b, k), ())) < SAMPLES
             if short and (k in rates or self.predicted(b, k, need, h) >= PROBE * max(rates.values(), default=0.0)) \
