@@ -153,8 +153,9 @@ class DraftLength:
         s_{i-1} times the measured rate of accepting draft i where draft i - 1 was accepted (the counts start from
         ``PRIOR``, so a draft offered where the one before was never accepted has rate 1; a draft never offered yet:
         the last rate carried on). So a change in the first drafts' acceptance moves every s_i at once, not only
-        those of the lengths offered since; and every count decays at every step, so the rate of a draft not offered
-        for long returns toward ``PRIOR``'s and its length is chosen or re-measured again."""
+        those of the lengths offered since; and every count decays at every step that drafts, so the rate of a draft
+        not offered for long returns toward ``PRIOR``'s and its length is chosen or re-measured again (a plain step
+        decays nothing: a server that stops drafting keeps the acceptance it last measured)."""
         if self.s is not None:
             return self.s
         s, rate = [1.0], 1.0
