@@ -25,7 +25,7 @@ class DeferredContext:
         it)."""
         self.parts.append((hidden, slots, locs, pos, list(rids)))
         self.rows += len(slots)
-        self.bytes += hidden.numel() * hidden.element_size()
+        self.bytes += hidden.nbytes
         if self.bytes >= self.limit and alive is not None:
             self.keep(alive)
             return 2 * self.bytes >= self.limit
@@ -43,7 +43,7 @@ class DeferredContext:
                 parts.append((*(x[m.to(x.device)] for x in p[:4]), [r for r, k in zip(p[4], keep) if k]))
         self.parts = parts
         self.rows = sum(len(p[4]) for p in parts)
-        self.bytes = sum(p[0].numel() * p[0].element_size() for p in parts)
+        self.bytes = sum(p[0].nbytes for p in parts)
 
     def take(self, live: dict | None = None, alive=None) -> tuple[torch.Tensor, ...] | None:
         """Every held row of a request in ``live`` (request id -> its row in the batch now), and nothing is held
